@@ -1,0 +1,32 @@
+"""allreduce: a from-scratch gradient-synchronisation engine.
+
+::
+
+    import allreduce as ar, numpy as np
+    ar.init()                                   # under mpirun / allreduce-run
+    y = ar.allreduce(np.ones(10) * ar.rank(), op=ar.Sum)
+
+See README.md for the layers and docs/ for the lessons.
+"""
+from .api import (allgather, allgather_object, allreduce, allreduce_, barrier, broadcast,
+                  broadcast_object, communicator, init, is_initialized, local_rank, local_size,
+                  rank, reducescatter, shutdown, size)
+from .comm import Communicator
+from .config import Config
+from .errors import (AllreduceError, CompressionError, InvalidArgumentError, MismatchError,
+                     NotInitializedError, PeerLostError, ShutdownError, StallError, TransportError,
+                     TransportTimeoutError)
+from .ops import Average, Max, Min, Op, Product, Sum, bfloat16
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size",
+    "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "broadcast_object",
+    "allgather_object", "barrier",
+    "Op", "Sum", "Average", "Min", "Max", "Product", "bfloat16",
+    "Communicator", "Config",
+    "AllreduceError", "CompressionError", "InvalidArgumentError", "MismatchError",
+    "NotInitializedError", "PeerLostError", "ShutdownError", "StallError", "TransportError",
+    "TransportTimeoutError",
+]

@@ -1,0 +1,35 @@
+"""The allreduce algorithms, one per module, all with one signature::
+
+    allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
+              segment_bytes: int) -> None       # reduces buf in place
+
+=========  ===================================================  ================
+name       idea                                                 best for
+=========  ===================================================  ================
+ring       reduce-scatter + allgather around a ring             large messages
+tree       pipelined double binary tree: reduce, then bcast     latency, many p
+rhd        recursive halving (reduce-scatter) then doubling      mid to large
+rd         recursive doubling: exchange whole buffers            tiny messages
+mpi        the MPI library's MPI_Allreduce                       reference, peer
+=========  ===================================================  ================
+
+``get(name)`` imports the module on first use, so the in-process transport
+never loads MPI.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+__all__ = ["get", "NAMES"]
+
+_MODULES = {"ring": "ring", "tree": "tree", "rhd": "rhd", "rd": "rd", "mpi": "native"}
+NAMES = tuple(_MODULES)
+
+
+def get(name: str) -> Callable:
+    """The ``allreduce`` function of algorithm ``name``."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of: auto, {', '.join(NAMES)}")
+    module = importlib.import_module(f".{_MODULES[name]}", __name__)
+    return module.allreduce

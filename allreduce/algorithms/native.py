@@ -1,0 +1,58 @@
+"""``mpi``: the MPI library's own ``MPI_Allreduce``, as reference and as a peer.
+
+Not an algorithm of ours: Open MPI (or MPICH) picks its own internally. It
+is here so every test and benchmark can compare against it in the same run.
+
+MPI has no float16 or bfloat16 type, so those travel as 2-byte integers
+(``MPI.UINT16_T``) combined by a user-defined op that calls our half-float
+kernel. Average is MPI's sum followed by ``kernels.finish``.
+
+Cost: whatever the library does; ``select`` fits it like any other.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import kernels
+from ..buffers import Workspace
+from ..ops import Op
+from ..transport.base import Transport
+
+__all__ = ["allreduce"]
+
+_MPI_OPS = {Op.SUM: MPI.SUM, Op.AVERAGE: MPI.SUM, Op.MIN: MPI.MIN, Op.MAX: MPI.MAX, Op.PRODUCT: MPI.PROD}
+_HALF_OPS: dict[tuple[str, Op], MPI.Op] = {}
+
+
+def _half_op(dtype: np.dtype, op: Op) -> MPI.Op:
+    """A commutative MPI user op that reduces 16-bit floats with our kernel."""
+    key = (dtype.name, op)
+    if key not in _HALF_OPS:
+        code = Op.SUM if op == Op.AVERAGE else op
+
+        def reduce(inbuf, inoutbuf, datatype):
+            src = np.frombuffer(inbuf, dtype=dtype)
+            dst = np.frombuffer(inoutbuf, dtype=dtype)
+            kernels.reduce_into(dst, src, code)
+
+        _HALF_OPS[key] = MPI.Op.Create(reduce, commute=True)
+    return _HALF_OPS[key]
+
+
+def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
+              segment_bytes: int = 0) -> None:
+    """In-place ``MPI_Allreduce`` of ``buf`` over the transport's communicator."""
+    mpi_comm = getattr(comm, "comm", None)
+    if not isinstance(mpi_comm, MPI.Comm):
+        raise ValueError("algorithm 'mpi' needs the MPI transport; the in-process transport "
+                         "has no MPI communicator (use ring, tree, rhd or rd)")
+    if buf.size == 0:
+        return
+    if buf.dtype.kind == "f" or buf.dtype.name == "bfloat16":
+        if buf.itemsize == 2:
+            mpi_comm.Allreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T], op=_half_op(buf.dtype, op))
+            kernels.finish(buf, op, comm.size)
+            return
+    mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
+    kernels.finish(buf, op, comm.size)

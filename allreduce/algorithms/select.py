@@ -1,0 +1,89 @@
+"""``algorithm="auto"``: predict each algorithm's time and take the fastest.
+
+Every algorithm's time is modelled in the alpha-beta-gamma form
+
+    T(n, p) = a(p) * alpha + b(p) * n * beta + g(p) * n * gamma
+
+where n is the message in bytes, ``a`` counts the message latencies on the
+critical path, ``b`` the bytes each rank sends per byte of input and ``g``
+the bytes it reduces. The counts come from each algorithm's docstring; the
+constants (alpha, beta, gamma) are per algorithm, because a Python-level
+message costs more than one inside MPI.
+
+The constants live in one place: ``DEFAULTS`` below, overridden by the file
+``benchmarks/fit_costmodel.py`` writes from a real run on this machine
+(``~/.cache/allreduce/costmodel-<host>.json``, or ``ALLREDUCE_COSTMODEL``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["choose", "predict", "terms", "constants", "DEFAULTS", "default_path"]
+
+# Seconds per message (alpha), per byte sent (beta), per byte reduced (gamma).
+# Measured with benchmarks/allreduce_bench.py at -np 2 on a 2-core x86-64 VM
+# (shared-memory MPI); refit on your machine with benchmarks/fit_costmodel.py.
+DEFAULTS: dict[str, dict[str, float]] = {
+    "ring": {"alpha": 25e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
+    "tree": {"alpha": 20e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
+    "rhd":  {"alpha": 22e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
+    "rd":   {"alpha": 15e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
+    "mpi":  {"alpha": 3e-6,  "beta": 0.30e-9, "gamma": 0.20e-9},
+}
+
+
+def terms(algorithm: str, p: int) -> tuple[float, float, float]:
+    """``(a, b, g)``: latency count and per-byte send/reduce factors of ``algorithm`` on p ranks."""
+    if p <= 1:
+        return 0.0, 0.0, 0.0
+    lg = math.ceil(math.log2(p))
+    pow2 = 1 << int(math.log2(p))
+    extra = 0 if pow2 == p else 2      # non-powers of two fold in, then out
+    if algorithm == "ring":
+        return 2 * (p - 1), 2 * (p - 1) / p, (p - 1) / p
+    if algorithm == "rhd":
+        return 2 * int(math.log2(pow2)) + extra, 2 * (pow2 - 1) / pow2 + extra, (pow2 - 1) / pow2 + extra / 2
+    if algorithm == "rd":
+        return int(math.log2(pow2)) + extra, int(math.log2(pow2)) + extra, int(math.log2(pow2)) + extra / 2
+    if algorithm == "tree":
+        return 2 * lg, 2.0, 1.0
+    if algorithm == "mpi":
+        return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
+    raise ValueError(f"no cost model for algorithm {algorithm!r}")
+
+
+def default_path() -> Path:
+    return Path.home() / ".cache" / "allreduce" / f"costmodel-{socket.gethostname()}.json"
+
+
+@lru_cache(maxsize=8)
+def constants(path: str = "") -> dict[str, dict[str, float]]:
+    """DEFAULTS updated with the fitted constants at ``path`` (or the per-machine cache)."""
+    table = {k: dict(v) for k, v in DEFAULTS.items()}
+    file = Path(path) if path else default_path()
+    if file.is_file():
+        try:
+            fitted = json.loads(file.read_text()).get("constants", {})
+        except (OSError, ValueError):
+            fitted = {}
+        for name, values in fitted.items():
+            if name in table:
+                table[name].update({k: float(v) for k, v in values.items() if k in ("alpha", "beta", "gamma")})
+    return table
+
+
+def predict(algorithm: str, nbytes: int, p: int, *, path: str = "") -> float:
+    """Predicted seconds for one allreduce of ``nbytes`` on ``p`` ranks."""
+    c = constants(path)[algorithm]
+    a, b, g = terms(algorithm, p)
+    return a * c["alpha"] + b * nbytes * c["beta"] + g * nbytes * c["gamma"]
+
+
+def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), path: str = "") -> str:
+    """The candidate with the smallest predicted time (ties go to the earlier name)."""
+    return min(candidates, key=lambda name: predict(name, nbytes, p, path=path))

@@ -1,0 +1,231 @@
+"""A communicator: one transport plus everything a collective call needs.
+
+This is the boundary where user input is validated. Everything below it
+(algorithms, kernels, transports) trusts its arguments. A call:
+
+    1. checks its arguments locally: dtype, op, algorithm, root_rank
+       -> ``TypeError`` / ``ValueError`` before any message is sent;
+    2. allgathers a few integers of metadata (count, dtype, op, ...) so every
+       rank sees every rank's call -> ``MismatchError`` on *every* rank,
+       naming the ranks and their values (``check=False`` skips this);
+    3. runs the algorithm on a contiguous 1-D buffer.
+
+``ar.init()`` builds one over MPI; tests and ``allreduce-explain`` build one
+per thread over :class:`~allreduce.transport.threads.ThreadTransport`.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from . import algorithms, kernels
+from .algorithms import select
+from .algorithms.allgather import allgather as _allgather_blocks
+from .buffers import Workspace, as_flat, restore
+from .config import ALGORITHM_NAMES, Config
+from .errors import InvalidArgumentError, MismatchError
+from .ops import Op, as_op, check_dtype, dtype_code
+from .transport.base import Transport
+
+__all__ = ["Communicator"]
+
+_ALGO_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
+_FIELDS = ("count", "dtype", "op", "algorithm", "root_rank")
+_SHOW = {"dtype": lambda c: str(np.dtype(_dtype_name(c))), "op": lambda c: repr(Op(c)),
+         "algorithm": lambda c: ALGORITHM_NAMES[c]}
+
+
+def _dtype_name(code: int) -> str:
+    from .ops import dtype_from_code
+    return dtype_from_code(code).name
+
+
+class Communicator:
+    """Collectives over one transport. Keyword arguments are keyword-only with defaults."""
+
+    def __init__(self, transport: Transport, *, config: Config | None = None,
+                 local_rank: int | None = None, local_size: int | None = None):
+        self.transport = transport
+        self.config = config or Config()
+        self.workspace = Workspace()
+        self._local = (transport.rank if local_rank is None else local_rank,
+                       transport.size if local_size is None else local_size)
+
+    # -- identity ---------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def size(self) -> int:
+        return self.transport.size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local[0]
+
+    @property
+    def local_size(self) -> int:
+        return self._local[1]
+
+    # -- the metadata check ----------------------------------------------------------
+    def check_agreement(self, what: str, **fields: int) -> None:
+        """Allgather ``fields`` and raise ``MismatchError`` on every rank if any differ.
+
+        Costs one allgather of a few int64s: p-1 small messages.
+        """
+        if not self.config.check or self.size == 1:
+            return
+        mine = np.array([fields.get(f, -1) for f in _FIELDS], dtype=np.int64)
+        table = self.workspace.get("check", self.size * mine.size, np.int64)
+        _allgather_blocks(self.transport, mine, table)
+        table = table.reshape(self.size, mine.size)
+        problems = []
+        for j, field in enumerate(_FIELDS):
+            column = table[:, j]
+            if (column != column[0]).any():
+                show = _SHOW.get(field, str)
+                values = ", ".join(f"rank {r}: {show(int(v))}" for r, v in enumerate(column))
+                problems.append(f"{field} differs across ranks ({values})")
+        if problems:
+            raise MismatchError(f"{what}: " + "; ".join(problems)
+                                + ". Every rank must call the same collective with the same arguments.")
+
+    # -- allreduce ---------------------------------------------------------------------
+    def _prepare(self, x, op, algorithm: str | None) -> tuple[np.ndarray, Op, str]:
+        if not isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        op = as_op(op)
+        check_dtype(x.dtype, op)
+        algorithm = self.config.algorithm if algorithm is None else algorithm
+        if algorithm not in _ALGO_CODES:
+            raise ValueError(f"unknown algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHM_NAMES)}")
+        return x, op, algorithm
+
+    def _run_allreduce(self, flat: np.ndarray, op: Op, algorithm: str) -> None:
+        self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
+                             algorithm=_ALGO_CODES[algorithm])
+        if algorithm == "auto":
+            algorithm = select.choose(flat.nbytes, self.size, path=self.config.costmodel)
+        run = algorithms.get(algorithm)
+        run(self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
+
+    def allreduce(self, x, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
+        """Return a new array: ``x`` reduced with ``op`` across all ranks. Same shape and dtype."""
+        x, op, algorithm = self._prepare(x, op, algorithm)
+        out = np.array(x, order="C", copy=True)
+        self._run_allreduce(out.reshape(-1), op, algorithm)
+        return out
+
+    def allreduce_(self, x: np.ndarray, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
+        """Reduce ``x`` in place and return it. ``x`` must be a writeable numpy array."""
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"allreduce_ works in place and needs a numpy array, got {type(x).__name__}; "
+                            "use allreduce() for other inputs")
+        if not x.flags.writeable:
+            raise ValueError("allreduce_ cannot write into a read-only array; "
+                             "use allreduce(x), which returns a new array")
+        x, op, algorithm = self._prepare(x, op, algorithm)
+        flat, copied = as_flat(x)
+        self._run_allreduce(flat, op, algorithm)
+        restore(x, flat, copied)
+        return x
+
+    # -- other collectives ------------------------------------------------------------
+    def _check_root(self, root_rank: int) -> int:
+        if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) \
+                or not 0 <= root_rank < self.size:
+            raise InvalidArgumentError(f"root_rank must be an integer in [0, {self.size}), got {root_rank!r}")
+        return int(root_rank)
+
+    def broadcast(self, x, root_rank: int = 0) -> np.ndarray:
+        """Return a copy of root's ``x`` on every rank (``x`` must have root's shape and dtype)."""
+        from .algorithms.broadcast import broadcast as _broadcast
+        root_rank = self._check_root(root_rank)
+        x = np.asarray(x)
+        check_dtype(x.dtype, Op.SUM)
+        out = np.array(x, order="C", copy=True)
+        self.check_agreement("broadcast", count=out.size, dtype=dtype_code(out.dtype), root_rank=root_rank)
+        _broadcast(self.transport, out.reshape(-1), root_rank)
+        return out
+
+    def broadcast_bytes(self, payload: bytes | None, root_rank: int = 0) -> bytes:
+        """Root's ``payload`` on every rank (the length travels first)."""
+        from .algorithms.broadcast import broadcast as _broadcast
+        root_rank = self._check_root(root_rank)
+        self.check_agreement("broadcast_object", root_rank=root_rank)
+        length = np.array([len(payload) if self.rank == root_rank else 0], dtype=np.int64)
+        _broadcast(self.transport, length, root_rank)
+        data = np.frombuffer(payload, np.uint8).copy() if self.rank == root_rank \
+            else np.empty(int(length[0]), np.uint8)
+        _broadcast(self.transport, data, root_rank)
+        return data.tobytes()
+
+    def broadcast_object(self, obj: Any = None, root_rank: int = 0) -> Any:
+        """Root's picklable ``obj`` on every rank."""
+        payload = pickle.dumps(obj) if self.rank == root_rank else None
+        return pickle.loads(self.broadcast_bytes(payload, root_rank))
+
+    def allgather(self, x) -> np.ndarray:
+        """Concatenate every rank's ``x`` along axis 0. The first dimension may differ by rank."""
+        from .algorithms.allgather import allgatherv
+        x = np.ascontiguousarray(x)
+        check_dtype(x.dtype, Op.SUM)
+        if x.ndim == 0:
+            x = x.reshape(1)
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        rows = self._allgather_ints([x.shape[0], row, dtype_code(x.dtype), x.ndim])
+        self._agree_columns("allgather", rows, {1: "elements per row (shape[1:])", 2: "dtype", 3: "ndim"})
+        counts = [int(r[0]) * row for r in rows]
+        out = np.empty((int(rows[:, 0].sum()),) + x.shape[1:], dtype=x.dtype)
+        allgatherv(self.transport, x.reshape(-1), out.reshape(-1), counts)
+        return out
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """A list of every rank's picklable ``obj``, in rank order."""
+        from .algorithms.allgather import allgatherv
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        counts = [int(n) for n in self._allgather_ints([data.size])[:, 0]]
+        out = np.empty(sum(counts), np.uint8)
+        allgatherv(self.transport, data, out, counts)
+        offsets = np.cumsum([0] + counts)
+        return [pickle.loads(out[offsets[r]:offsets[r + 1]].tobytes()) for r in range(self.size)]
+
+    def reducescatter(self, x, op=Op.AVERAGE) -> np.ndarray:
+        """Reduce ``x`` across ranks and return this rank's part of axis 0 (Horovod's split)."""
+        from .algorithms.reducescatter import reducescatter as _reducescatter
+        from . import partition
+        x = np.array(x, order="C", copy=True)
+        op = as_op(op)
+        check_dtype(x.dtype, op)
+        if x.ndim == 0:
+            raise ValueError("reducescatter needs at least one dimension to split across ranks")
+        self.check_agreement("reducescatter", count=x.size, dtype=dtype_code(x.dtype), op=int(op))
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        counts = [n * row for n in partition.chunk_sizes(x.shape[0], self.size)]
+        out = np.empty(counts[self.rank], dtype=x.dtype)
+        _reducescatter(self.transport, x.reshape(-1), out, counts, op, workspace=self.workspace)
+        return out.reshape((counts[self.rank] // row if row else 0,) + x.shape[1:])
+
+    def barrier(self) -> None:
+        self.transport.barrier()
+
+    # -- helpers ------------------------------------------------------------------------
+    def _allgather_ints(self, values: list[int]) -> np.ndarray:
+        mine = np.array(values, dtype=np.int64)
+        table = np.empty(self.size * mine.size, np.int64)
+        _allgather_blocks(self.transport, mine, table)
+        return table.reshape(self.size, mine.size)
+
+    def _agree_columns(self, what: str, rows: np.ndarray, names: dict[int, str]) -> None:
+        for j, field in names.items():
+            column = rows[:, j]
+            if (column != column[0]).any():
+                values = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(column))
+                raise MismatchError(f"{what}: {field} differs across ranks ({values})")
+
+    def close(self) -> None:
+        self.workspace.clear()
+        self.transport.close()

@@ -1,0 +1,72 @@
+"""Reductions on host arrays: one entry point per primitive.
+
+The algorithms call three functions and never look at dtypes:
+
+    reduce_into(dst, src, op)             dst = dst (op) src
+    reduce_finish_into(dst, src, op, p)   the same, and for Average also / p (fused)
+    finish(buf, op, p)                    for Average: buf /= p   (when no reduction is left)
+
+Both arguments are contiguous 1-D arrays of the same dtype and length.
+Native dtypes go to the numba kernels in :mod:`.cpu`; float16 and bfloat16
+go to the bit-pattern kernels in :mod:`.half`. :mod:`.reference` holds the
+numpy versions that the tests trust. Device arrays are dispatched in
+:mod:`allreduce.buffers`, the one place that decides host versus device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import Op, bfloat16
+from . import cpu, half
+
+__all__ = ["reduce_into", "reduce_finish_into", "finish", "copy_into"]
+
+_NATIVE = {Op.SUM: cpu.sum_into, Op.AVERAGE: cpu.sum_into, Op.PRODUCT: cpu.prod_into,
+           Op.MIN: cpu.min_into, Op.MAX: cpu.max_into}
+_HALF = {np.dtype(np.float16): half.FLOAT16, bfloat16: half.BFLOAT16}
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: Op) -> None:
+    """``dst = dst (op) src`` elementwise. For Average this is the plain sum."""
+    if dst.size == 0:
+        return
+    fmt = _HALF.get(dst.dtype)
+    if fmt is not None:
+        code = Op.SUM if op == Op.AVERAGE else op
+        half.reduce_half_into(dst.view(np.uint16), src.view(np.uint16), int(code), 1, *fmt.args)
+    else:
+        _NATIVE[op](dst, src)
+
+
+def reduce_finish_into(dst: np.ndarray, src: np.ndarray, op: Op, nranks: int) -> None:
+    """The last reduction of an element: as :func:`reduce_into`, then ``/ nranks`` for Average."""
+    if op != Op.AVERAGE:
+        reduce_into(dst, src, op)
+        return
+    if dst.size == 0:
+        return
+    fmt = _HALF.get(dst.dtype)
+    if fmt is not None:
+        half.reduce_half_into(dst.view(np.uint16), src.view(np.uint16), int(Op.AVERAGE), nranks, *fmt.args)
+    elif dst.dtype.kind == "f":
+        cpu.sum_avg_into(dst, src, nranks)
+    else:
+        cpu.int_sum_avg_into(dst, src, nranks)
+
+
+def finish(buf: np.ndarray, op: Op, nranks: int) -> None:
+    """Apply Average's divide to an already fully reduced buffer (no-op for other ops)."""
+    if op != Op.AVERAGE or nranks == 1 or buf.size == 0:
+        return
+    fmt = _HALF.get(buf.dtype)
+    if fmt is not None:
+        half.avg_half_inplace(buf.view(np.uint16), nranks, *fmt.args)
+    elif buf.dtype.kind == "f":
+        cpu.avg_inplace(buf, nranks)
+    else:
+        cpu.int_avg_inplace(buf, nranks)
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` (a memcpy; numpy already does it at memory speed)."""
+    np.copyto(dst, src)

@@ -1,0 +1,78 @@
+"""Reduction kernels for the native dtypes, compiled with numba.
+
+Each kernel is one loop over memory: ``dst[i] = dst[i] (op) src[i]``. The
+``*_avg`` kernels fuse the final divide of ``Average`` into the last sum, so
+an averaged allreduce touches each element once in its last step, not twice.
+
+``nogil=True`` lets a thread-per-rank run (the in-process transport) reduce
+on several cores at once. ``cache=True`` keeps the compiled code on disk so
+only the first process ever pays the compile.
+
+Min and Max propagate NaN exactly as ``np.minimum``/``np.maximum`` do.
+"""
+from __future__ import annotations
+
+from numba import njit
+
+__all__ = ["sum_into", "prod_into", "min_into", "max_into",
+           "sum_avg_into", "avg_inplace", "int_sum_avg_into", "int_avg_inplace"]
+
+
+@njit(nogil=True, cache=True)
+def sum_into(dst, src):
+    for i in range(dst.size):
+        dst[i] = dst[i] + src[i]
+
+
+@njit(nogil=True, cache=True)
+def prod_into(dst, src):
+    for i in range(dst.size):
+        dst[i] = dst[i] * src[i]
+
+
+@njit(nogil=True, cache=True)
+def min_into(dst, src):
+    for i in range(dst.size):
+        s = src[i]
+        # `s != s` is the NaN test: a NaN on either side wins, as in np.minimum.
+        if s < dst[i] or s != s:
+            dst[i] = s
+
+
+@njit(nogil=True, cache=True)
+def max_into(dst, src):
+    for i in range(dst.size):
+        s = src[i]
+        if s > dst[i] or s != s:
+            dst[i] = s
+
+
+@njit(nogil=True, cache=True)
+def sum_avg_into(dst, src, n):
+    """Floating point: ``dst = (dst + src) / n`` in one pass."""
+    for i in range(dst.size):
+        dst[i] = (dst[i] + src[i]) / n
+
+
+@njit(nogil=True, cache=True)
+def avg_inplace(dst, n):
+    for i in range(dst.size):
+        dst[i] = dst[i] / n
+
+
+@njit(nogil=True, cache=True)
+def int_sum_avg_into(dst, src, n):
+    """Integers: wrap the sum in the dtype first, then divide truncating toward zero (as ncclAvg)."""
+    for i in range(dst.size):
+        dst[i] = dst[i] + src[i]
+        v = dst[i]
+        q = abs(v) // n
+        dst[i] = q if v >= 0 else -q
+
+
+@njit(nogil=True, cache=True)
+def int_avg_inplace(dst, n):
+    for i in range(dst.size):
+        v = dst[i]
+        q = abs(v) // n
+        dst[i] = q if v >= 0 else -q

@@ -1,0 +1,79 @@
+"""Reduction operators and the dtypes they accept.
+
+``Sum``, ``Average``, ``Min``, ``Max`` and ``Product`` are members of one
+enum. ``Average`` is a ``Sum`` whose last step divides by the number of
+ranks; the kernels fuse that divide into the final reduction (one pass over
+memory, not two).
+
+Integer ``Average`` follows NCCL's ``ncclAvg``: the wrapped integer sum,
+then integer division truncated toward zero.
+"""
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["Op", "Sum", "Average", "Min", "Max", "Product",
+           "SUPPORTED_DTYPES", "bfloat16", "check_dtype", "dtype_code", "dtype_from_code"]
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class Op(enum.IntEnum):
+    """A reduction operator. Values are stable: they travel in metadata checks."""
+
+    SUM = 0
+    AVERAGE = 1
+    MIN = 2
+    MAX = 3
+    PRODUCT = 4
+
+    def __repr__(self) -> str:
+        return f"ar.{self.name.capitalize()}"
+
+    __str__ = __repr__
+
+
+Sum, Average, Min, Max, Product = Op.SUM, Op.AVERAGE, Op.MIN, Op.MAX, Op.PRODUCT
+
+#: The dtypes every algorithm accepts, in the order of their metadata code.
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (
+    np.float16, bfloat16, np.float32, np.float64,
+    np.int8, np.int32, np.int64, np.uint8))
+
+_CODES = {d: i for i, d in enumerate(SUPPORTED_DTYPES)}
+
+
+def dtype_code(dtype) -> int:
+    """Small integer naming ``dtype`` in cross-rank metadata checks."""
+    return _CODES[np.dtype(dtype)]
+
+
+def dtype_from_code(code: int) -> np.dtype:
+    return SUPPORTED_DTYPES[code]
+
+
+def as_op(op) -> Op:
+    """Accept an ``Op`` (or its integer value); raise ``TypeError`` otherwise."""
+    if isinstance(op, Op):
+        return op
+    if isinstance(op, (int, np.integer)) and not isinstance(op, bool) and 0 <= int(op) < len(Op):
+        return Op(int(op))
+    raise TypeError(f"op must be one of ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product; got {op!r}")
+
+
+def check_dtype(dtype, op: Op) -> np.dtype:
+    """Return ``dtype`` as a ``np.dtype`` if the library can reduce it with ``op``.
+
+    Raises ``TypeError`` naming the dtype and the supported list otherwise
+    (object, str, complex, bool, ...), before any communication happens.
+    """
+    dt = np.dtype(dtype)
+    if dt not in _CODES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        extra = " (complex numbers have no order, so Min/Max are undefined)" \
+            if dt.kind == "c" and op in (Op.MIN, Op.MAX) else ""
+        raise TypeError(f"unsupported dtype {dt}{extra}; supported dtypes are: {names}")
+    return dt

@@ -1,0 +1,78 @@
+"""The point-to-point interface every algorithm is written against.
+
+A transport moves bytes between two ranks and nothing else: no reductions,
+no collectives. Algorithms see only this interface, so the same ring code
+runs over MPI between processes and over queues between threads.
+
+Buffers are contiguous 1-D numpy arrays (any dtype); a transport sends their
+bytes. Message order between one pair of ranks on one tag is FIFO, as in
+MPI: the n-th receive posted from a peer matches the n-th send that peer made.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Protocol, Sequence
+
+import numpy as np
+
+__all__ = ["Request", "Transport", "wait_all"]
+
+
+class Request(Protocol):
+    """A pending nonblocking send or receive."""
+
+    def wait(self) -> None:
+        """Block until the transfer is complete; the buffer may then be reused."""
+
+
+class Transport(abc.ABC):
+    """Point-to-point messaging between ``size`` ranks. This rank is ``rank``."""
+
+    rank: int
+    size: int
+
+    @abc.abstractmethod
+    def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Request:
+        """Start sending ``buf`` to ``dest``. Do not modify ``buf`` until ``wait()``."""
+
+    @abc.abstractmethod
+    def irecv(self, buf: np.ndarray, source: int, tag: int = 0) -> Request:
+        """Start receiving from ``source`` into ``buf`` (exactly ``buf.nbytes`` bytes)."""
+
+    def send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:
+        self.isend(buf, dest, tag).wait()
+
+    def recv(self, buf: np.ndarray, source: int, tag: int = 0) -> None:
+        self.irecv(buf, source, tag).wait()
+
+    def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
+                 tag: int = 0) -> None:
+        """Send to ``dest`` and receive from ``source`` at once (no deadlock in a ring)."""
+        recv = self.irecv(recvbuf, source, tag)
+        send = self.isend(sendbuf, dest, tag)
+        self.wait_all([recv, send])
+
+    def wait_all(self, requests: Sequence[Request]) -> None:
+        for request in requests:
+            request.wait()
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return only when every rank has entered the barrier."""
+
+    def mark(self, phase: str, step: int) -> None:
+        """An algorithm announces that it starts ``step`` of ``phase``.
+
+        A no-op here. The recording transport of ``allreduce.explain`` and the
+        engine's timeline override it to draw the steps.
+        """
+
+    def close(self) -> None:
+        """Release what the transport holds. Idempotent."""
+
+
+def wait_all(transport: Transport, requests: list) -> None:
+    """Wait for ``requests`` and clear the list, so it can be reused without allocating."""
+    if requests:
+        transport.wait_all(requests)
+        requests.clear()
