@@ -26,7 +26,7 @@ from typing import Any, Mapping
 __all__ = ["Config", "ALGORITHM_NAMES"]
 
 #: Names accepted by ``algorithm=``; ``auto`` chooses among the others.
-ALGORITHM_NAMES = ("auto", "ring", "tree", "rhd", "rd", "mpi")
+ALGORITHM_NAMES = ("auto", "ring", "tree", "rhd", "rd", "mpi", "shm", "hierarchical")
 
 
 def _bool(text: str) -> bool:

