@@ -13,9 +13,36 @@ ALLREDUCE_SEGMENT_BYTES            segment_bytes                 262144
 ALLREDUCE_TIMEOUT                  timeout                       30.0
 ALLREDUCE_COSTMODEL                costmodel                     (per machine)
 ALLREDUCE_FAKE_NODE_SIZE           fake_node_size                0 (off)
+ALLREDUCE_ENGINE                   engine                        1
+ALLREDUCE_CYCLE_TIME               cycle_time (milliseconds)     1.0
+ALLREDUCE_FUSION_THRESHOLD         fusion_threshold (bytes)      67108864
+ALLREDUCE_CACHE_CAPACITY           cache_capacity                1024
+ALLREDUCE_STALL_CHECK_TIME         stall_check_time (seconds)    60.0 (0: off)
+ALLREDUCE_STALL_SHUTDOWN_TIME      stall_shutdown_time (seconds) 0.0 (off)
+ALLREDUCE_TIMELINE                 timeline (path)               "" (off)
+ALLREDUCE_DEVICE                   device (CUDA device id)       -1 (local_rank % GPUs)
+ALLREDUCE_CUDA_IPC                 cuda_ipc                      0
+ALLREDUCE_CUDA_AWARE_MPI           cuda_aware_mpi                auto (1 / 0 force)
 =================================  ============================  ===========
 
-Later layers (the engine) add their fields here too, in the same table.
+The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
+``allreduce/engine/``):
+
+* ``engine``: start the background engine thread in ``init()``. It needs
+  MPI thread level MULTIPLE (mpi4py's default); set 0 to run without it.
+* ``cycle_time``: how often the ranks agree on which named tensors are
+  ready everywhere. Shorter: less latency, more idle CPU.
+* ``fusion_threshold``: the most bytes fused into one allreduce; 0 turns
+  fusion off.
+* ``cache_capacity``: names remembered by the response cache (each one
+  then costs 8 bytes per cycle instead of a gather of its name); more
+  names than this keep working, on the slower path.
+* ``stall_check_time``: rank 0 warns about tensors that some ranks
+  submitted and others did not, naming both, after this many seconds.
+* ``stall_shutdown_time``: after this many seconds such tensors fail with
+  ``StallError`` on every rank instead of hanging.
+* ``timeline``: write a Chrome-trace JSON timeline; rank 0 writes this path,
+  rank r writes ``<stem>.rank<r><suffix>`` next to it.
 """
 from __future__ import annotations
 
@@ -48,6 +75,16 @@ class Config:
     timeout: float = 30.0            #: seconds a peer may be silent before an error
     costmodel: str = ""              #: path of fitted cost-model constants ("" = per machine cache)
     fake_node_size: int = 0          #: pretend nodes hold this many ranks (testing hierarchical)
+    engine: bool = True              #: start the engine thread in init()
+    cycle_time: float = 1.0          #: engine cycle, milliseconds
+    fusion_threshold: int = 64 << 20 #: most bytes in one fused allreduce (0: no fusion)
+    cache_capacity: int = 1024       #: names in the engine's response cache
+    stall_check_time: float = 60.0   #: seconds before warning about a partially submitted tensor (0: off)
+    stall_shutdown_time: float = 0.0 #: seconds before failing it with StallError (0: never)
+    timeline: str = ""               #: Chrome-trace JSON path ("" = off)
+    device: int = -1                 #: CUDA device of this rank (-1: local_rank % number of GPUs)
+    cuda_ipc: bool = False           #: one node: reduce straight from peers' GPU buffers (CUDA IPC)
+    cuda_aware_mpi: str = "auto"     #: "auto" detects; "1"/"0" force device buffers to MPI or not
 
     _ENV = {
         "algorithm": "ALLREDUCE_ALGORITHM",
@@ -56,6 +93,16 @@ class Config:
         "timeout": "ALLREDUCE_TIMEOUT",
         "costmodel": "ALLREDUCE_COSTMODEL",
         "fake_node_size": "ALLREDUCE_FAKE_NODE_SIZE",
+        "engine": "ALLREDUCE_ENGINE",
+        "cycle_time": "ALLREDUCE_CYCLE_TIME",
+        "fusion_threshold": "ALLREDUCE_FUSION_THRESHOLD",
+        "cache_capacity": "ALLREDUCE_CACHE_CAPACITY",
+        "stall_check_time": "ALLREDUCE_STALL_CHECK_TIME",
+        "stall_shutdown_time": "ALLREDUCE_STALL_SHUTDOWN_TIME",
+        "timeline": "ALLREDUCE_TIMELINE",
+        "device": "ALLREDUCE_DEVICE",
+        "cuda_ipc": "ALLREDUCE_CUDA_IPC",
+        "cuda_aware_mpi": "ALLREDUCE_CUDA_AWARE_MPI",
     }
 
     def __post_init__(self):
@@ -67,6 +114,13 @@ class Config:
             raise ValueError(f"timeout must be positive seconds, got {self.timeout}")
         if self.fake_node_size < 0:
             raise ValueError(f"fake_node_size must be >= 0, got {self.fake_node_size}")
+        if self.cuda_aware_mpi not in ("auto", "1", "0"):
+            raise ValueError(f"cuda_aware_mpi must be auto, 1 or 0; got {self.cuda_aware_mpi!r}")
+        if not self.cycle_time > 0:
+            raise ValueError(f"cycle_time must be positive milliseconds, got {self.cycle_time}")
+        for name in ("fusion_threshold", "cache_capacity", "stall_check_time", "stall_shutdown_time"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":

