@@ -24,11 +24,13 @@ The exit status is mpirun's: non-zero when any rank failed.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 __all__ = ["build_command", "find_mpirun", "main"]
@@ -41,6 +43,27 @@ _TAKES = {"--mca": 2, "--prtemca": 2, "-x": 1, "--map-by": 1, "--bind-to": 1, "-
           "-H": 1, "--host": 1, "--hostfile": 1, "--machinefile": 1, "-wdir": 1, "--wdir": 1,
           "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1}
 GRACE_SECONDS = 10.0
+# How Open MPI 5 names a failed process: "[prterun-host-123@1,3]" is rank 3, and
+# "process rank 3 with PID ..." in its signal report.
+_RANK_PATTERNS = (re.compile(r"Process name: \[[^\]]*@\d+,(\d+)\]"), re.compile(r"process rank (\d+) with PID"),
+                  re.compile(r"MPI_ABORT was invoked on rank (\d+)"))
+_EXIT_PATTERN = re.compile(r"Exit code:\s+(\d+)")
+
+
+def failed_rank(lines: list[str]) -> tuple[int | None, str]:
+    """``(rank, detail)`` of the first failed rank mpirun reported in ``lines``, if any."""
+    rank, detail = None, ""
+    for line in lines:
+        for pattern in _RANK_PATTERNS:
+            match = pattern.search(line)
+            if match and rank is None:
+                rank = int(match.group(1))
+                if "signal" in line:
+                    detail = line.strip().split(" exited ", 1)[-1]
+        match = _EXIT_PATTERN.search(line)
+        if match and rank is not None and not detail:
+            detail = f"exit code {match.group(1)}"
+    return rank, detail
 
 
 def find_mpirun() -> str:
@@ -118,7 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True,
+                            errors="replace", bufsize=1)
+    seen: list[str] = []
+
+    def relay() -> None:
+        # Pass mpirun's stderr through unchanged, keeping the lines that say who failed.
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if len(seen) < 10_000:
+                seen.append(line)
+
+    relay_thread = threading.Thread(target=relay, daemon=True)
+    relay_thread.start()
 
     def forward(signum, _frame):
         # mpirun relays the signal to every rank; if they are still there after
@@ -137,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+    relay_thread.join(5)
+    if code != 0:
+        rank, detail = failed_rank(seen)
+        who = f"rank {rank} failed first ({detail})" if rank is not None else "a rank failed"
+        sys.stderr.write(f"allreduce-run: the job failed: {who}; mpirun exited with {code}\n")
     if code < 0:                       # killed by a signal: report it the shell way
         return 128 - code
     return code

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -70,8 +71,26 @@ def run_algorithm(fn, inputs: list[np.ndarray], op: Op, *, segment_bytes: int = 
     return run_threads(len(inputs), body, timeout=timeout)
 
 
+def kill_tagged(tag: str) -> None:
+    """SIGKILL every process whose environment holds ``ALLREDUCE_TEST_TAG=tag``.
+
+    mpirun starts ranks in sessions of their own, so killing the launcher's
+    process group is not enough to clean up after a hung job.
+    """
+    needle = f"ALLREDUCE_TEST_TAG={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
 def mpi_env() -> dict[str, str]:
     env = dict(os.environ)
+    env["ALLREDUCE_TEST_TAG"] = uuid.uuid4().hex
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
@@ -101,6 +120,7 @@ def mpirun(np_: int, script: str | Path, *args: str, timeout: float = 120.0, env
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(full_env["ALLREDUCE_TEST_TAG"])
         out, err = proc.communicate()
         test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
         pytest.fail(f"TIMEOUT after {timeout:g} s in {test}: mpirun -np {np_} {script.name} {' '.join(args)}\n"

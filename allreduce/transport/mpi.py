@@ -7,25 +7,41 @@ unchanged.
 
 The transport works on its own duplicate of the communicator, so its
 messages can never match a message the application sends on the original.
+
+Waits are bounded. ``MPI_Wait`` blocks forever if a peer stops taking part
+(alive, but stuck elsewhere), so every wait here polls ``MPI_Test`` - a
+tight spin first, then yielding the core - and raises
+``TransportTimeoutError`` naming the peer after ``timeout`` seconds without
+completion. A rank that *dies* is handled faster by mpirun itself, which
+terminates the job.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import TransportTimeoutError
 from .base import Transport
 
 __all__ = ["MPITransport"]
 
+_SPINS = 2000   # polls before yielding the core: a small message usually lands within these
+
 
 class _Request:
-    __slots__ = ("raw",)
+    __slots__ = ("raw", "transport", "peer", "kind")
 
-    def __init__(self, raw: MPI.Request):
-        self.raw = raw
+    def __init__(self, raw: MPI.Request, transport: "MPITransport", peer: int, kind: str):
+        self.raw, self.transport, self.peer, self.kind = raw, transport, peer, kind
 
     def wait(self) -> None:
-        self.raw.Wait()
+        raw = self.raw
+        for _ in range(_SPINS):
+            if raw.Test():
+                return
+        self.transport._wait_slow(lambda: raw.Test(), [self])
 
 
 def _bytes(buf: np.ndarray):
@@ -36,33 +52,47 @@ def _bytes(buf: np.ndarray):
 class MPITransport(Transport):
     """Point-to-point messaging over ``comm`` (default ``COMM_WORLD``)."""
 
-    def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True):
+    def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True, timeout: float = 30.0):
         base = MPI.COMM_WORLD if comm is None else comm
         self.comm = base.Dup() if dup else base
         self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self.timeout = timeout
+
+    def _wait_slow(self, done, requests) -> None:
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0
+        while not done():
+            if time.monotonic() > deadline:
+                stuck = [r for r in requests if not r.raw.Test()] or requests
+                peers = ", ".join(f"{r.kind} rank {r.peer}" for r in stuck[:4])
+                raise TransportTimeoutError(
+                    f"rank {self.rank}: no progress for {self.timeout:g} s waiting to {peers}; "
+                    "that rank is stuck or not calling the same collective "
+                    "(raise ALLREDUCE_TIMEOUT if it is just slow)")
+            time.sleep(pause)                 # sleep(0) yields the core to an oversubscribed peer
+            pause = min(pause * 2 or 1e-5, 1e-3)
 
     def isend(self, buf, dest, tag=0):
-        return _Request(self.comm.Isend(_bytes(buf), dest, tag))
+        return _Request(self.comm.Isend(_bytes(buf), dest, tag), self, dest, "send to")
 
     def irecv(self, buf, source, tag=0):
-        return _Request(self.comm.Irecv(_bytes(buf), source, tag))
-
-    def send(self, buf, dest, tag=0):
-        self.comm.Send(_bytes(buf), dest, tag)
-
-    def recv(self, buf, source, tag=0):
-        self.comm.Recv(_bytes(buf), source, tag)
+        return _Request(self.comm.Irecv(_bytes(buf), source, tag), self, source, "receive from")
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
-        self.comm.Sendrecv(_bytes(sendbuf), dest, tag, _bytes(recvbuf), source, tag)
+        self.wait_all([self.irecv(recvbuf, source, tag), self.isend(sendbuf, dest, tag)])
 
     def wait_all(self, requests):
-        MPI.Request.Waitall([r.raw for r in requests])
+        raws = [r.raw for r in requests]
+        for _ in range(_SPINS):
+            if MPI.Request.Testall(raws):
+                return
+        self._wait_slow(lambda: MPI.Request.Testall(raws), requests)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        request = _Request(self.comm.Ibarrier(), self, -1, "barrier with")
+        request.wait()
 
     def close(self) -> None:
         if self._owned and self.comm != MPI.COMM_NULL:
