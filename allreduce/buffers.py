@@ -7,13 +7,16 @@ boundary that gets them one:
   array (a view when the layout allows, a copy only when it must);
 * :func:`restore` - write a flat result back into the caller's array;
 * :class:`Workspace` - scratch buffers kept between calls, so the hot loop
-  of an algorithm never allocates after the first call of a given size.
+  of an algorithm never allocates after the first call of a given size;
+* :func:`is_device_array` - the one place that decides host versus device.
+  Device arrays go to :func:`device_allreduce` (:mod:`allreduce.device`:
+  staged through pinned host memory, or CUDA IPC), everything else is host.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Workspace", "as_flat", "restore"]
+__all__ = ["Workspace", "as_flat", "restore", "is_device_array", "device_allreduce"]
 
 
 class Workspace:
@@ -51,3 +54,21 @@ def restore(x: np.ndarray, flat: np.ndarray, copied: bool) -> None:
     """After an in-place reduction of ``as_flat(x)``: copy back if ``flat`` was a copy."""
     if copied:
         np.copyto(x, flat.reshape(x.shape))
+
+
+def is_device_array(x) -> bool:
+    """True if ``x`` lives on a GPU (CuPy, numba, ``__cuda_array_interface__``, TF GPU tensor)."""
+    if isinstance(x, np.ndarray):
+        return False
+    module = type(x).__module__
+    if not (hasattr(x, "__cuda_array_interface__") or module.startswith(("numba.cuda", "tensorflow"))
+            or type(x).__name__ == "Typed"):
+        return False
+    from . import device          # imports numba.cuda: only for arrays that may be on a device
+    return device.is_device_array(x)
+
+
+def device_allreduce(comm, x, op, algorithm: str | None, *, inplace: bool):
+    """Allreduce of device array ``x`` over communicator ``comm``; the result is on ``x``'s device."""
+    from . import device
+    return device.allreduce(x, op, comm=comm, algorithm=algorithm, inplace=inplace)

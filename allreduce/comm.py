@@ -23,7 +23,7 @@ import numpy as np
 from . import algorithms, kernels
 from .algorithms import select
 from .algorithms.allgather import allgather as _allgather_blocks
-from .buffers import Workspace, as_flat, restore
+from .buffers import Workspace, as_flat, device_allreduce, is_device_array, restore
 from .config import ALGORITHM_NAMES, Config
 from .errors import InvalidArgumentError, MismatchError
 from .ops import Op, as_op, check_dtype, dtype_code
@@ -104,16 +104,18 @@ class Communicator:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHM_NAMES)}")
         return x, op, algorithm
 
-    def _run_allreduce(self, flat: np.ndarray, op: Op, algorithm: str) -> None:
+    def _run_allreduce(self, flat: np.ndarray, op: Op, algorithm: str, transport: Transport | None = None) -> None:
         self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                              algorithm=_ALGO_CODES[algorithm])
         if algorithm == "auto":
             algorithm = select.choose(flat.nbytes, self.size, path=self.config.costmodel)
         run = algorithms.get(algorithm)
-        run(self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
+        run(transport or self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
 
     def allreduce(self, x, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
         """Return a new array: ``x`` reduced with ``op`` across all ranks. Same shape and dtype."""
+        if is_device_array(x):    # a GPU array comes back as the same type, on the same GPU
+            return device_allreduce(self, x, op, algorithm, inplace=False)
         x, op, algorithm = self._prepare(x, op, algorithm)
         out = np.array(x, order="C", copy=True)
         self._run_allreduce(out.reshape(-1), op, algorithm)
@@ -121,6 +123,8 @@ class Communicator:
 
     def allreduce_(self, x: np.ndarray, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
         """Reduce ``x`` in place and return it. ``x`` must be a writeable numpy array."""
+        if is_device_array(x):
+            return device_allreduce(self, x, op, algorithm, inplace=True)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"allreduce_ works in place and needs a numpy array, got {type(x).__name__}; "
                             "use allreduce() for other inputs")
