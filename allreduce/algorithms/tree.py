@@ -1,0 +1,229 @@
+r"""Pipelined double binary tree allreduce (NCCL 2.4): reduce up two trees, broadcast down.
+
+One binary tree is latency-friendly (depth log2 p) but wastes bandwidth:
+leaves only send, and the root's links carry everything. NCCL 2.4 runs two
+trees at once, each over half of the buffer, built so that a rank that is
+interior (receives from children) in one tree is a leaf in the other. Every
+rank then sends and receives about the same amount. p = 8::
+
+    tree 0: in-order, root 0        tree 1: tree 0 mirrored (r -> 7 - r), root 7
+    carries buf[:n/2]               carries buf[n/2:]
+
+      0                                           7
+       \                                         /
+        4                                       3
+       / \                                    /  \
+      2   6                                  1    5
+     / \ / \                               / \  / \
+    1  3 5  7                              0  2 4  6
+
+    interior: 0 2 4 6   leaves: 1 3 5 7     interior: 1 3 5 7   leaves: 0 2 4 6
+
+Tree 0 is the in-order binary tree on rank numbers: a rank's level is its
+lowest set bit (odd ranks are leaves), and rank 0 is a root with one child.
+For even p, tree 1 is its mirror, which swaps odd and even ranks. For odd
+p both trees are built on the first p - 1 ranks, and the last rank is hung
+under each root as a leaf. See :func:`double_binary_tree`.
+
+Steps, on both trees at once (nonblocking posts, distinct tags per tree):
+
+    reduce k      (k = 0..S-1) a rank receives segment k of its half from each
+                  child, adds it into its own, and sends the sum to its parent
+                  (NCCL's recvReduceSend). Receives for segment k+1 are already
+                  posted, so segment k+1 arrives while k is reduced.
+                  The root's last reduction is final: Average divides there.
+    broadcast k   the root sends finished segment k to its children; every
+                  rank receives it from its parent straight into place and
+                  forwards it (recvCopySend).
+
+The phases run one after the other, as in NCCL's runTreeUpDown. Only the
+root computes each final element, everyone else copies it: results are
+bitwise identical.
+
+Cost. S = segments per half = ceil(n / (2 segment_bytes)), D = depth of the
+trees (edges root to deepest leaf; ceil(log2 p) for even p, ceil(log2 (p-1))
+for odd p). In a pipeline stage the busiest rank (interior in one tree, a
+leaf in the other) receives 2 segments of n/(2S) bytes and sends 2, so with
+D + S - 1 stages per phase::
+
+    T = 2 (D + S - 1) alpha  +  2 (D + S - 1)/S  n beta  +  (D + S - 1)/S  n gamma
+
+One segment (S = 1): 2D alpha + 2D n beta + D n gamma, a latency choice.
+Many segments (S >> D): about 2S alpha + 2 n beta + n gamma, ring's
+bandwidth with only log p latency before the pipeline fills.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import kernels, partition
+from ..buffers import Workspace
+from ..errors import InvalidArgumentError
+from ..ops import Op
+from ..transport.base import Transport, wait_all
+
+__all__ = ["allreduce", "double_binary_tree", "Tree"]
+
+TAG = 20     # tree t reduces on TAG + 2t and broadcasts on TAG + 2t + 1
+DEPTH = 2    # receive slots in flight per child: one being reduced, one arriving
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """A rooted tree over ranks ``0..p-1``.
+
+    Attributes:
+        root: the rank with no parent.
+        parent: ``parent[r]`` is rank r's parent, -1 for the root.
+        children: ``children[r]`` is the sorted tuple of rank r's children (at most 2).
+    """
+
+    root: int
+    parent: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]
+
+    def interior(self) -> frozenset[int]:
+        """The ranks that have children (they receive and reduce)."""
+        return frozenset(r for r, kids in enumerate(self.children) if kids)
+
+    def depth(self) -> int:
+        """Edges on the longest path from the root down to a leaf."""
+        def height(r: int) -> int:
+            return 1 + max(map(height, self.children[r])) if self.children[r] else 0
+        return height(self.root)
+
+
+def _tree(parent: list[int]) -> Tree:
+    children: list[list[int]] = [[] for _ in parent]
+    for r, up in enumerate(parent):
+        if up >= 0:
+            children[up].append(r)
+    return Tree(parent.index(-1), tuple(parent), tuple(tuple(sorted(c)) for c in children))
+
+
+def _inorder_parents(m: int) -> list[int]:
+    """Parents in the in-order binary tree on ``m`` ranks (NCCL's ncclGetBtree), root 0.
+
+    A rank r with lowest set bit b sits at level b: its children are r - b/2
+    and r + b/2 (or the nearest existing rank right of r), its parent is
+    whichever of r + b and r - b has bit 2b set; if that is off the end,
+    r - b. Rank 0 is a root whose one child is the highest power of two < m.
+    """
+    parent = [-1] * m
+    for r in range(1, m):
+        bit = r & -r
+        up = (r ^ bit) | (bit << 1)
+        parent[r] = up if up < m else r ^ bit
+    return parent
+
+
+@lru_cache(maxsize=64)
+def double_binary_tree(p: int) -> tuple[Tree, Tree]:
+    """Two binary trees spanning ``p`` ranks, no rank interior in both.
+
+    Tree 0 is the in-order tree (even ranks interior, odd ranks leaves).
+    Tree 1 is its mirror image r -> m-1-r, which turns odd ranks interior
+    and even ranks into leaves. Mirroring swaps parity only for even m, so
+    for odd p both are built on m = p - 1 ranks and rank p - 1 becomes a leaf
+    hanging from each root (each root has only one child, so there is room).
+
+    Args:
+        p: number of ranks, at least 1.
+
+    Returns:
+        ``(tree0, tree1)``. For p = 1 both are the single rank 0.
+    """
+    if p < 1:
+        raise InvalidArgumentError(f"double_binary_tree: p must be at least 1, got {p}")
+    if p == 1:
+        single = Tree(0, (-1,), ((),))
+        return single, single
+    m = p if p % 2 == 0 else p - 1
+    first = _inorder_parents(m)
+    mirror = [-1 if first[m - 1 - r] < 0 else m - 1 - first[m - 1 - r] for r in range(m)]
+    if m < p:                          # odd p: the last rank is a leaf under both roots
+        first.append(0)
+        mirror.append(m - 1)
+    return _tree(first), _tree(mirror)
+
+
+class _Role(NamedTuple):
+    """This rank's part in one tree: whom it talks to and which segments of its half it moves."""
+    parent: int
+    children: tuple[int, ...]
+    segs: tuple[tuple[int, int], ...]
+    up: int      # tag of the reduce phase
+    down: int    # tag of the broadcast phase
+
+
+def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int) -> tuple[_Role, _Role]:
+    halves = partition.chunks(count, 2)
+    roles = []
+    for t, (tree, (off, n)) in enumerate(zip(double_binary_tree(p), halves)):
+        segs = partition.segments(off, n, partition.num_segments(n, itemsize, segment_bytes))
+        roles.append(_Role(tree.parent[rank], tree.children[rank], segs, TAG + 2 * t, TAG + 2 * t + 1))
+    return roles[0], roles[1]
+
+
+def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
+              segment_bytes: int = 256 << 10) -> None:
+    """Reduce ``buf`` (contiguous, 1-D) in place across all ranks of ``comm``.
+
+    Args:
+        comm: the transport; every rank calls this with the same count, dtype and op.
+        buf: this rank's contribution; holds the result on return.
+        op: the reduction.
+        workspace: where the receive slots (8 segments at most) come from.
+        segment_bytes: pipeline segment size; each half is cut into pieces of about this many bytes.
+    """
+    p, rank = comm.size, comm.rank
+    if p == 1 or buf.size == 0:
+        kernels.finish(buf, op, p)
+        return
+    roles = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
+    seg_len = max(n for role in roles for _, n in role.segs)
+    slots = workspace.get("tree.slots", 2 * 2 * DEPTH * seg_len, buf.dtype).reshape(2, 2, DEPTH, seg_len)
+    nsteps = max(len(role.segs) for role in roles)
+    sends: list = []
+
+    # Reduce: prime DEPTH receives per child, then recvReduceSend each segment on both trees.
+    recvs = [[[comm.irecv(slots[t, j, k][:n], child, role.up) for k, (_, n) in enumerate(role.segs[:DEPTH])]
+              for j, child in enumerate(role.children)] for t, role in enumerate(roles)]
+    for k in range(nsteps):
+        comm.mark("reduce", k)
+        for t, role in enumerate(roles):
+            if k >= len(role.segs):
+                continue                                     # this half has fewer segments
+            off, n = role.segs[k]
+            dst = buf[off:off + n]
+            for j, child in enumerate(role.children):
+                recvs[t][j][k].wait()                        # segment k from child j
+                if role.parent < 0 and j == len(role.children) - 1:
+                    kernels.reduce_finish_into(dst, slots[t, j, k % DEPTH][:n], op, p)  # root: final
+                else:
+                    kernels.reduce_into(dst, slots[t, j, k % DEPTH][:n], op)
+                if k + DEPTH < len(role.segs):               # slot is free again: refill it
+                    recvs[t][j].append(comm.irecv(slots[t, j, k % DEPTH][:role.segs[k + DEPTH][1]],
+                                                  child, role.up))
+            if role.parent >= 0:
+                sends.append(comm.isend(dst, role.parent, role.up))   # partial sum goes up
+    wait_all(comm, sends)                                    # the broadcast overwrites what was sent
+
+    # Broadcast: receive each finished segment from the parent into place, forward it down.
+    downs = [[comm.irecv(buf[off:off + n], role.parent, role.down) for off, n in role.segs]
+             if role.parent >= 0 else [] for role in roles]
+    for k in range(nsteps):
+        comm.mark("broadcast", k)
+        for t, role in enumerate(roles):
+            if k >= len(role.segs):
+                continue
+            off, n = role.segs[k]
+            if role.parent >= 0:
+                downs[t][k].wait()                           # final segment k from the parent
+            for child in role.children:
+                sends.append(comm.isend(buf[off:off + n], child, role.down))  # recvCopySend
+    wait_all(comm, sends)
