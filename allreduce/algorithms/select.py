@@ -37,8 +37,14 @@ DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 
-def terms(algorithm: str, p: int) -> tuple[float, float, float]:
-    """``(a, b, g)``: latency count and per-byte send/reduce factors of ``algorithm`` on p ranks."""
+def terms(algorithm: str, p: int, nbytes: int | None = None,
+          segment_bytes: int = 256 << 10) -> tuple[float, float, float]:
+    """``(a, b, g)``: latency count and per-byte send/reduce factors of ``algorithm`` on p ranks.
+
+    Only ``tree`` depends on the message size: its pipeline of S segments per
+    half over a tree of depth D has D + S - 1 stages each way. Without
+    ``nbytes`` it uses the long-message limit (S >> D).
+    """
     if p <= 1:
         return 0.0, 0.0, 0.0
     lg = math.ceil(math.log2(p))
@@ -51,7 +57,12 @@ def terms(algorithm: str, p: int) -> tuple[float, float, float]:
     if algorithm == "rd":
         return int(math.log2(pow2)) + extra, int(math.log2(pow2)) + extra, int(math.log2(pow2)) + extra / 2
     if algorithm == "tree":
-        return 2 * lg, 2.0, 1.0
+        depth = math.ceil(math.log2(p if p % 2 == 0 else max(p - 1, 1))) if p > 2 else 1
+        if nbytes is None:
+            return 2 * depth, 2.0, 1.0
+        s = max(1, math.ceil(nbytes / (2 * segment_bytes)))
+        stages = depth + s - 1
+        return 2 * stages, 2 * stages / s, stages / s
     if algorithm == "mpi":
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
     raise ValueError(f"no cost model for algorithm {algorithm!r}")
@@ -80,7 +91,7 @@ def constants(path: str = "") -> dict[str, dict[str, float]]:
 def predict(algorithm: str, nbytes: int, p: int, *, path: str = "") -> float:
     """Predicted seconds for one allreduce of ``nbytes`` on ``p`` ranks."""
     c = constants(path)[algorithm]
-    a, b, g = terms(algorithm, p)
+    a, b, g = terms(algorithm, p, nbytes)
     return a * c["alpha"] + b * nbytes * c["beta"] + g * nbytes * c["gamma"]
 
 
