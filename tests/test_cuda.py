@@ -107,7 +107,7 @@ _C_TYPES = {"float32": "float", "float64": "double", "int8": "signed char", "int
 
 def _cupy_bodies_as_host_library(tmp_path):
     """Each CuPy ElementwiseKernel body inside a host loop (``d``, ``s`` are the elements)."""
-    from allreduce.kernels import cuda as dk
+    from allreduce.kernels import cupy_fallback as dk
     src = ["#include <math.h>", "#define __device__", dk._C_ENCODE,
            "typedef unsigned short u16;",
            "void half_reduce(u16* dd, const u16* ss, long long count, long long n, int op, const float* table,"
@@ -141,7 +141,7 @@ def test_cupy_fallback_kernels_bitwise_equal_to_cpu(tmp_path):
     import ctypes
 
     from allreduce import kernels
-    from allreduce.kernels import cuda as dk
+    from allreduce.kernels import cupy_fallback as dk
     from allreduce.ops import SUPPORTED_DTYPES, Op
     lib = _cupy_bodies_as_host_library(tmp_path)
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)                       # noqa: E731
@@ -185,7 +185,7 @@ from numba import cuda, types
 class _H200:            # device functions ask the current GPU for its compute capability
     compute_capability = (9, 0)
 dispatcher.get_current_device = lambda: _H200()
-from allreduce.kernels import cuda as dk
+from allreduce.kernels import cuda_numba as dk
 A = lambda t: types.Array(t, 1, "C")
 ptx = lambda kernel, *sig: cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
 i64, f64, u16, table = types.int64, types.float64, A(types.uint16), A(types.float32)
