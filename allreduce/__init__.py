@@ -8,11 +8,12 @@
 
 See README.md for the layers and docs/ for the lessons.
 """
-from .api import (allgather, allgather_object, allreduce, allreduce_, barrier, broadcast,
-                  broadcast_object, communicator, init, is_initialized, local_rank, local_size,
-                  rank, reducescatter, shutdown, size)
+from .api import (allgather, allgather_object, allreduce, allreduce_, allreduce_async, barrier, broadcast,
+                  broadcast_object, communicator, grouped_allreduce, init, is_initialized,
+                  local_rank, local_size, rank, reducescatter, shutdown, size, synchronize)
 from .comm import Communicator
 from .config import Config
+from .engine import Compression, Compressor, Handle
 from .errors import (AllreduceError, CompressionError, InvalidArgumentError, MismatchError,
                      NotInitializedError, PeerLostError, ShutdownError, StallError, TransportError,
                      TransportTimeoutError)
@@ -24,6 +25,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size",
     "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "broadcast_object",
     "allgather_object", "barrier",
+    "allreduce_async", "grouped_allreduce", "synchronize", "Handle", "Compression", "Compressor",
     "Op", "Sum", "Average", "Min", "Max", "Product", "bfloat16",
     "Communicator", "Config",
     "AllreduceError", "CompressionError", "InvalidArgumentError", "MismatchError",

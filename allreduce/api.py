@@ -4,6 +4,12 @@
 MPI (``COMM_WORLD`` or the ``comm`` given) and every module-level function
 forwards to it. Calling a collective before ``init()`` or after
 ``shutdown()`` raises :class:`~allreduce.errors.NotInitializedError`.
+
+``init()`` also starts the engine (``allreduce/engine/``): a background
+thread with its own MPI communicator that runs every named allreduce
+(``allreduce_async``, ``grouped_allreduce``, ``allreduce(x, name=...)``):
+negotiated across ranks, fused and optionally compressed. Without a name,
+``allreduce`` is the direct, blocking path of :class:`Communicator`.
 """
 from __future__ import annotations
 
@@ -13,14 +19,17 @@ import numpy as np
 
 from .comm import Communicator
 from .config import Config
-from .errors import NotInitializedError
+from .engine import Compression, Engine, Handle
+from .errors import AllreduceError, InvalidArgumentError, NotInitializedError
 from .ops import Op
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter",
-           "broadcast_object", "allgather_object", "barrier"]
+           "broadcast_object", "allgather_object", "barrier",
+           "allreduce_async", "grouped_allreduce", "synchronize"]
 
 _current: Communicator | None = None
+_engine: Engine | None = None
 
 
 def _node_layout(mpi_comm, fake_node_size: int) -> tuple[int, int]:
@@ -44,20 +53,44 @@ def init(comm=None, **settings: Any) -> Communicator:
     the ``ALLREDUCE_*`` environment. Calling ``init()`` again is a no-op that
     returns the existing communicator.
     """
-    global _current
+    global _current, _engine
     if _current is not None:
         return _current
     from .transport.mpi import MPITransport
     config = Config.from_env(**settings)
-    transport = MPITransport(comm)
+    transport = MPITransport(comm, timeout=config.timeout)
     local_rank, local_size = _node_layout(transport.comm, config.fake_node_size)
-    _current = Communicator(transport, config=config, local_rank=local_rank, local_size=local_size)
+    from . import faults
+    faults.install(transport.rank, transport.size)   # an uncaught exception aborts every rank, naming this one
+    current = Communicator(transport, config=config, local_rank=local_rank, local_size=local_size)
+    if config.engine:
+        from mpi4py import MPI
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            current.close()
+            raise AllreduceError("the allreduce engine runs MPI from a background thread and needs "
+                                 "MPI thread level MULTIPLE (mpi4py's default, mpi4py.rc.thread_level = "
+                                 "'multiple'); this MPI was initialised with a lower level. Set "
+                                 "ALLREDUCE_ENGINE=0 to run without the engine.")
+        try:   # its own duplicate communicator: engine messages never match the direct path's
+            _engine = Engine(MPITransport(transport.comm, timeout=config.timeout), config=config)
+        except BaseException:
+            current.close()
+            raise
+    _current = current
     return _current
 
 
 def shutdown() -> None:
-    """Release the communicator. Collectives raise until ``init()`` is called again."""
-    global _current
+    """Stop the engine and release the communicator. Calls raise until ``init()`` is called again.
+
+    Named tensors ready on every rank are still reduced; the handles of the
+    others fail with ``ShutdownError``. The engine thread has exited when
+    this returns.
+    """
+    global _current, _engine
+    if _engine is not None:
+        engine_, _engine = _engine, None
+        engine_.shutdown()
     if _current is not None:
         current, _current = _current, None
         current.close()
@@ -91,24 +124,95 @@ def local_size() -> int:
     return communicator().local_size
 
 
-def allreduce(x, op=Op.AVERAGE, algorithm: str | None = None, name: str | None = None) -> np.ndarray:
+def _running_engine() -> Engine:
+    """The engine ``init()`` started; raises ``NotInitializedError`` before it (or with ALLREDUCE_ENGINE=0)."""
+    communicator()
+    if _engine is None:
+        raise NotInitializedError("the allreduce engine is not running: it is off (ALLREDUCE_ENGINE=0 "
+                                  "or init(engine=False)); named and asynchronous allreduce need it")
+    return _engine
+
+
+def _engine_path(name, compression, algorithm) -> bool:
+    if name is None and (compression is None or compression is Compression.none):
+        return False
+    if algorithm is not None:
+        raise InvalidArgumentError("algorithm= applies to the direct path only; a named or compressed "
+                                   "allreduce goes through the engine, which picks an algorithm per fused "
+                                   "batch (set ALLREDUCE_ALGORITHM to force one)")
+    return True
+
+
+def allreduce(x, op=Op.AVERAGE, algorithm: str | None = None, name: str | None = None,
+              compression=Compression.none) -> np.ndarray:
     """Return ``x`` reduced with ``op`` over all ranks, as a new array of the same shape and dtype.
 
     Args:
         x: a numpy array (any shape, contiguous or not) of a supported dtype.
         op: ``ar.Sum``, ``ar.Average`` (default), ``ar.Min``, ``ar.Max`` or ``ar.Product``.
-        algorithm: ``"auto"`` (default from config), ``"ring"``, ``"tree"``, ``"rhd"``, ``"rd"`` or ``"mpi"``.
-        name: a name for the tensor; reserved for the engine's negotiated path.
+        algorithm: ``"auto"`` (default from config), ``"ring"``, ``"tree"``, ``"rhd"``, ``"rd"`` or ``"mpi"``
+            (direct path only).
+        name: with a name (or a compression) the call goes through the engine: negotiated, fused,
+            and it may be submitted in a different order on different ranks.
+        compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own compressor.
 
     Returns:
         The reduced array; bitwise identical on every rank.
     """
+    if _engine_path(name, compression, algorithm):
+        return allreduce_async(x, name=name, op=op, compression=compression).wait()
     return communicator().allreduce(x, op, algorithm=algorithm)
 
 
-def allreduce_(x: np.ndarray, op=Op.AVERAGE, algorithm: str | None = None, name: str | None = None) -> np.ndarray:
+def allreduce_(x: np.ndarray, op=Op.AVERAGE, algorithm: str | None = None, name: str | None = None,
+               compression=Compression.none) -> np.ndarray:
     """In-place :func:`allreduce`: ``x`` (writeable numpy array) receives the result and is returned."""
+    if _engine_path(name, compression, algorithm):
+        if not isinstance(x, np.ndarray) or not x.flags.writeable:
+            raise InvalidArgumentError("allreduce_ needs a writeable numpy array; use allreduce(x)")
+        np.copyto(x, allreduce_async(x, name=name, op=op, compression=compression).wait())
+        return x
     return communicator().allreduce_(x, op, algorithm=algorithm)
+
+
+def allreduce_async(x, name: str | None = None, op=Op.AVERAGE, compression=Compression.none) -> Handle:
+    """Start an allreduce in the engine and return its handle at once.
+
+    Args:
+        x: a numpy array; do not modify it until the handle is done.
+        name: the tensor's name, the same on every rank (ranks may submit names in any order).
+            ``None`` names it by call order, which then must be the same on every rank.
+        op: ``ar.Average`` (default), ``ar.Sum``, ``ar.Min``, ``ar.Max`` or ``ar.Product``.
+        compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own compressor.
+
+    Returns:
+        A :class:`~allreduce.engine.Handle`: ``wait()`` returns the result, ``done()`` polls.
+    """
+    return _running_engine().submit(x, name=name, op=op, compression=compression)
+
+
+def synchronize(handle: Handle) -> np.ndarray:
+    """Wait for ``handle`` and return its result (Horovod's ``hvd.synchronize``)."""
+    return handle.wait()
+
+
+def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
+                      compression=Compression.none) -> list[np.ndarray]:
+    """Reduce a list of arrays; return the list of results (the tensors are fused when they fit).
+
+    Args:
+        xs: a list of numpy arrays.
+        name: a prefix; tensor i is named ``f"{name}.{i}"``. ``None`` names them by call order.
+        op: the op for every tensor.
+        compression: the compressor for every tensor.
+
+    Returns:
+        The reduced arrays, in the order of ``xs``.
+    """
+    eng = _running_engine()
+    handles = [eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression)
+               for i, x in enumerate(xs)]
+    return [h.wait() for h in handles]
 
 
 def broadcast(x, root_rank: int = 0) -> np.ndarray:

@@ -1,0 +1,200 @@
+"""Gradient compression: ``compress(x) -> (payload, ctx)`` and ``decompress(payload, ctx)``.
+
+Horovod's interface (``horovod/tensorflow/compression.py``), on numpy arrays::
+
+    handle = ar.allreduce_async(grad, name="w", compression=ar.Compression.fp16)
+
+A compressor is any object with those two methods and a ``name`` (the name
+travels in the engine's cross-rank check, so every rank must use the same
+one). Write your own by subclassing :class:`Compressor`; the engine calls
+``compress`` once when the tensor enters the engine and ``decompress`` on the
+reduced payload.
+
+The built-in ``fp16`` and ``bf16`` compressors also have a fused path the
+engine uses instead: the cast is done by one numba loop (built on
+``kernels.half``'s rounding) that writes 16-bit patterns straight into the
+fusion buffer, multiplies by a scale on the way (``Average`` pre-divides by
+p there, so an fp16 sum of p gradients does not overflow where their
+average would not), and counts values that became non-finite (fp16
+overflows above 65504). Decoding counts non-finite results the same way,
+which catches a sum that overflowed on the wire. Only float32 and float64
+tensors are compressed; every other dtype passes through unchanged, as in
+Horovod.
+
+``error_feedback=True`` keeps, per tensor name, what rounding lost this step
+and adds it back next step (``Compression.fp16.with_error_feedback()``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..kernels import half
+from ..kernels.half import _encode
+
+__all__ = ["Compressor", "NoneCompressor", "HalfCompressor", "Compression", "check_compressor"]
+
+_COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class Compressor:
+    """Base class: the identity. Subclasses override :meth:`compress` and :meth:`decompress`."""
+
+    name = "none"
+
+    def compress(self, x: np.ndarray):
+        """Return ``(payload, ctx)``: the array to reduce and what :meth:`decompress` needs."""
+        return x, None
+
+    def decompress(self, payload: np.ndarray, ctx) -> np.ndarray:
+        """Undo :meth:`compress` on the reduced payload."""
+        return payload
+
+    def wire_dtype(self, dtype: np.dtype) -> np.dtype | None:
+        """The dtype on the wire for a fused compressor; ``None`` means: call :meth:`compress`."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"ar.Compression.{self.name}" if self.name in _BUILTIN_NAMES else f"<compressor {self.name}>"
+
+
+class NoneCompressor(Compressor):
+    """No compression: the payload is the tensor itself (no copy)."""
+
+    name = "none"
+
+    def wire_dtype(self, dtype):
+        return np.dtype(dtype)
+
+
+@njit(nogil=True, cache=True)
+def _encode_checked(dst_bits, src, scale, mant_bits, bias, overflow, nan_bits):
+    """dst = bits(src * scale); return (finite inputs that became inf/NaN, non-finite inputs)."""
+    bad = 0
+    nonfinite = 0
+    inf_bits = (2 * bias + 1) << mant_bits
+    for i in range(src.size):
+        v = src[i] * scale
+        b = _encode(v, mant_bits, bias, overflow, nan_bits)
+        dst_bits[i] = b
+        if not math.isfinite(v):
+            nonfinite += 1
+        elif (b & 0x7FFF) >= inf_bits:
+            bad += 1
+    return bad, nonfinite
+
+
+@njit(nogil=True, cache=True)
+def _encode_feedback(dst_bits, src, residual, scale, table, mant_bits, bias, overflow, nan_bits):
+    """As _encode_checked on src + residual; residual becomes what the rounding lost."""
+    bad = 0
+    nonfinite = 0
+    inf_bits = (2 * bias + 1) << mant_bits
+    for i in range(src.size):
+        v = src[i] + residual[i]
+        b = _encode(v * scale, mant_bits, bias, overflow, nan_bits)
+        dst_bits[i] = b
+        residual[i] = v - table[b] / scale
+        if not math.isfinite(v):
+            nonfinite += 1
+        elif (b & 0x7FFF) >= inf_bits:
+            bad += 1
+    return bad, nonfinite
+
+
+@njit(nogil=True, cache=True)
+def _decode_checked(dst, src_bits, scale, table):
+    """dst = float(src_bits) * scale; return how many results are inf or NaN."""
+    nonfinite = 0
+    for i in range(src_bits.size):
+        v = table[src_bits[i]] * scale
+        dst[i] = v
+        if not math.isfinite(v):
+            nonfinite += 1
+    return nonfinite
+
+
+class HalfCompressor(Compressor):
+    """Cast float32/float64 to a 16-bit float (``fp16`` or ``bf16``) for the wire."""
+
+    def __init__(self, fmt: half.HalfFormat, name: str, *, error_feedback: bool = False):
+        self.fmt = fmt
+        self.error_feedback = error_feedback
+        self.name = name + ("+ef" if error_feedback else "")
+        self._base = name
+
+    def with_error_feedback(self) -> "HalfCompressor":
+        """The same cast, carrying each named tensor's rounding error into its next step."""
+        return HalfCompressor(self.fmt, self._base, error_feedback=True)
+
+    def wire_dtype(self, dtype):
+        return self.fmt.dtype if np.dtype(dtype) in _COMPRESSIBLE else np.dtype(dtype)
+
+    def compress(self, x):
+        x = np.asarray(x)
+        if x.dtype not in _COMPRESSIBLE:
+            return x, None
+        flat = np.ascontiguousarray(x).reshape(-1)
+        bits = np.empty(flat.size, np.uint16)
+        self.encode_into(bits, flat, 1.0)
+        return bits.view(self.fmt.dtype).reshape(x.shape), x.dtype
+
+    def decompress(self, payload, ctx):
+        if ctx is None:
+            return payload
+        out = np.empty(payload.shape, ctx)
+        self.decode_into(out.reshape(-1), np.ascontiguousarray(payload).reshape(-1), 1.0)
+        return out
+
+    # -- the fused path the engine uses ------------------------------------------------
+    def encode_into(self, dst_bits: np.ndarray, src: np.ndarray, scale: float,
+                    residual: np.ndarray | None = None) -> tuple[int, int]:
+        """Write ``src * scale`` as 16-bit patterns into ``dst_bits`` (uint16, 1-D).
+
+        Args:
+            dst_bits: destination, a uint16 view of the fusion buffer.
+            src: contiguous 1-D float32/float64 input.
+            scale: multiplied in before rounding (``1/p`` for Average).
+            residual: error-feedback state of this tensor (same dtype and size as
+                ``src``), added in and then overwritten with the new rounding error.
+
+        Returns:
+            ``(overflowed, nonfinite)``: how many finite inputs became inf/NaN (0 means the
+            payload is safe to send), and how many inputs were inf/NaN already.
+        """
+        f = self.fmt
+        if residual is None:
+            bad, nonfinite = _encode_checked(dst_bits, src, scale, f.mant_bits, f.bias, f.overflow, f.nan_bits)
+        else:
+            bad, nonfinite = _encode_feedback(dst_bits, src, residual, scale, f.table, f.mant_bits, f.bias,
+                                              f.overflow, f.nan_bits)
+        return int(bad), int(nonfinite)
+
+    def decode_into(self, dst: np.ndarray, src_bits: np.ndarray, scale: float) -> int:
+        """``dst = float(src_bits) * scale`` in one pass; return how many results are inf/NaN."""
+        return int(_decode_checked(dst, src_bits.view(np.uint16), scale, self.fmt.table))
+
+
+_BUILTIN_NAMES = ("none", "fp16", "bf16")
+
+
+class Compression:
+    """The built-in compressors: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``."""
+
+    none: Compressor = NoneCompressor()
+    fp16: HalfCompressor = HalfCompressor(half.FLOAT16, "fp16")
+    bf16: HalfCompressor = HalfCompressor(half.BFLOAT16, "bf16")
+
+
+def check_compressor(compression) -> Compressor:
+    """Return ``compression`` if it looks like a compressor; raise ``TypeError`` otherwise."""
+    if compression is None:
+        return Compression.none
+    for attr in ("compress", "decompress", "name"):
+        if not hasattr(compression, attr):
+            raise TypeError(f"compression must be ar.Compression.none/fp16/bf16 or an object with "
+                            f"compress(), decompress() and name; {compression!r} has no {attr!r}")
+    return compression
+

@@ -1,0 +1,267 @@
+"""The engine: one background thread per process that owns every named allreduce.
+
+::
+
+    user threads                         engine thread (every cycle_time ms)
+    ------------                         -----------------------------------
+    allreduce_async(x, name) --queue-->  1. drain the queue into `pending`
+         returns a Handle                2. negotiate: which names are ready on ALL ranks
+                                            (one small allreduce; see negotiation.py)
+    handle.wait() <-------- result ----  3. fuse the ready ones into batches and reduce
+                                            each batch with one allreduce (fusion.py)
+
+The engine talks over its own transport (for MPI: its own duplicate of the
+communicator, so its messages can never match the direct path's), its own
+:class:`~allreduce.comm.Communicator` and workspace. Every rank runs the
+same cycles in lockstep: each cycle's exchange is a collective.
+
+Tests run p engines as p threads over one ``ThreadWorld``::
+
+    world = ThreadWorld(4)
+    engines = [Engine(world.transport(r), config=Config(cycle_time=0.5)) for r in range(4)]
+    handles = [e.submit(np.ones(3), name="x") for e in engines]
+
+Shutdown on any rank stops every rank's engine at the same cycle: tensors
+ready everywhere are still reduced, the rest fail with ``ShutdownError``.
+
+Idle: after ``IDLE_CYCLES`` cycles with nothing pending on any rank (a count
+every rank shares), cycles stretch to ``IDLE_FACTOR`` x ``cycle_time``, so a
+process that only uses the direct path pays ~100 tiny exchanges a second,
+not 1000. A submit wakes the local engine at once; the first tensor after a
+long idle spell may wait up to one stretched cycle for the other ranks.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms import select
+from ..comm import Communicator
+from ..config import Config
+from ..errors import AllreduceError, InvalidArgumentError, ShutdownError
+from ..ops import Op, as_op, check_dtype
+from ..transport.base import Transport
+from .compression import check_compressor
+from .fusion import Fusion, plan
+from .handle import Entry, Handle
+from .negotiation import Negotiator
+from .stall import StallInspector, stall_error
+from .timeline import Timeline, TimelineTransport, timeline_path
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("allreduce.engine")
+
+IDLE_CYCLES = 1000   # ~1 s at the default cycle before idle cycles stretch
+IDLE_FACTOR = 10
+
+
+class Engine:
+    """The background allreduce engine of one rank, over ``transport``.
+
+    Args:
+        transport: this rank's transport; the engine owns it from now on and closes it.
+        config: settings (``cycle_time``, ``fusion_threshold``, ``timeline``, ...).
+    """
+
+    def __init__(self, transport: Transport, *, config: Config | None = None):
+        self.config = config = config or Config()
+        self.rank, self.size = transport.rank, transport.size
+        self.timeline = Timeline(timeline_path(config.timeline, self.rank), self.rank) \
+            if config.timeline else None
+        self.transport = TimelineTransport(transport) if self.timeline else transport
+        self.comm = Communicator(self.transport, config=config)
+        self.negotiator = Negotiator(self.rank, self.size, self._allreduce, self.comm.allgather_object,
+                                     capacity=config.cache_capacity)
+        self.fusion = Fusion(self.rank, self.size, self._allreduce, self.comm.workspace, self.timeline,
+                             self.transport if self.timeline else None)
+        self.stall = StallInspector(self.rank, self.size, check_time=config.stall_check_time,
+                                    shutdown_time=config.stall_shutdown_time)
+        self.pending: dict[str, Entry] = {}
+        self.cycles = 0                                   # cycles run (a statistic for tests)
+        self._lock = threading.Lock()
+        self._queue: list[Entry] = []
+        self._inflight: set[str] = set()
+        self._stopping = False
+        self._stopped: BaseException | None = None        # why the engine no longer accepts work
+        self._wake = threading.Event()
+        self._unnamed = 0
+        self._thread = threading.Thread(target=self._run, name=f"allreduce-engine-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    # -- the user side -------------------------------------------------------------------
+    def submit(self, x, *, name: str | None = None, op=Op.AVERAGE, compression=None) -> Handle:
+        """Queue ``x`` for an allreduce under ``name``; return its :class:`Handle` at once.
+
+        Args:
+            x: a numpy array of a supported dtype. Do not modify it until the handle is done.
+            name: the same on every rank for the same tensor; ``None`` names tensors by call
+                order (``allreduce.noname.<n>``), which needs every rank to call in the same order.
+            op: ``ar.Average`` (default), ``ar.Sum``, ``ar.Min``, ``ar.Max`` or ``ar.Product``.
+            compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own.
+
+        Returns:
+            A handle; ``handle.wait()`` returns the reduced array.
+        """
+        x = x if isinstance(x, np.ndarray) else np.asarray(x)
+        op = as_op(op)
+        check_dtype(x.dtype, op)
+        compressor = check_compressor(compression)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidArgumentError(f"name must be a non-empty string, got {name!r}")
+        handle = Handle(name)
+        entry = Entry(name, x, op, compressor, handle)         # copies a non-contiguous x, outside the lock
+        with self._lock:
+            if self._stopped is not None or self._stopping:
+                raise ShutdownError(f"rank {self.rank}: the allreduce engine is shut down"
+                                    + (f" ({self._stopped})" if self._stopped else "")
+                                    + "; call ar.init() again to restart it")
+            if name is None:
+                entry.name = handle.name = name = f"allreduce.noname.{self._unnamed}"
+                self._unnamed += 1
+            if name in self._inflight:
+                raise InvalidArgumentError(f"rank {self.rank}: a tensor named {name!r} is already in flight; "
+                                           "wait for its handle before submitting the name again")
+            self._inflight.add(name)
+            self._queue.append(entry)
+        if self.negotiator.idle >= IDLE_CYCLES:
+            self._wake.set()                                  # cut a stretched idle cycle short
+        return handle
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the engine on every rank (at the same cycle) and join its thread.
+
+        Tensors ready on every rank are still reduced; every other pending
+        handle fails with ``ShutdownError``. Idempotent.
+        """
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(self.config.timeout + 5 if timeout is None else timeout)
+        if self._thread.is_alive():
+            log.warning("rank %d: the engine thread did not stop within the timeout; its peers may "
+                        "have died. Failing its handles.", self.rank)
+            self._fail_all(ShutdownError(f"rank {self.rank}: engine shut down while a peer was unresponsive"))
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs."""
+        return self._thread.is_alive()
+
+    # -- the engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        period = self.config.cycle_time / 1000.0
+        try:
+            while True:
+                start = time.monotonic()
+                if self._cycle():
+                    break
+                idle = self.negotiator.idle >= IDLE_CYCLES
+                self._wake.wait(max(0.0, period * (IDLE_FACTOR if idle else 1) - (time.monotonic() - start)))
+                if not self._stopping:
+                    self._wake.clear()
+        except BaseException as exc:  # noqa: BLE001 - every handle must learn about it
+            log.error("rank %d: allreduce engine failed: %s: %s", self.rank, type(exc).__name__, exc)
+            error = exc if isinstance(exc, AllreduceError) else AllreduceError(
+                f"rank {self.rank}: the allreduce engine failed: {type(exc).__name__}: {exc}")
+            self._fail_all(error)
+        finally:
+            self._fail_all(ShutdownError(f"rank {self.rank}: the allreduce engine was shut down before "
+                                         "this tensor was submitted by every rank"))
+            if self.timeline is not None:
+                self.timeline.close()
+            self.comm.close()
+
+    def _cycle(self) -> bool:
+        """One cycle; True when the engine stops."""
+        self.cycles += 1
+        stopping = self._stopping                 # read before draining: later submits are refused
+        self._drain()
+        cutoff = self.stall.inspect(self.negotiator.partial)
+        out = self.negotiator.negotiate(self.pending, shutdown=stopping, cutoff=cutoff)
+        agreed = time.monotonic()
+        if self.timeline is not None:
+            self._trace_negotiation(out.ranks, out.ready, agreed)
+        for name, error in out.errors.items():
+            self._finish(self.pending.pop(name), error)
+        for name, (ready, missing) in out.stalled.items():
+            entry = self.pending.pop(name, None)
+            if entry is not None:
+                self._finish(entry, stall_error(name, ready, missing, self.config.stall_shutdown_time))
+        ready = [self.pending.pop(name) for name in out.ready]
+        for batch in plan(ready, self.config.fusion_threshold):
+            if self.timeline is not None:
+                self.timeline.spans([e.name for e in batch.entries], "WAIT_FOR_BATCH", agreed, time.monotonic())
+            for entry, result in self.fusion.run(batch):
+                self._finish(entry, result)
+        if out.shutdown:
+            with self._lock:
+                self._stopping = True
+                if self._stopped is None:
+                    self._stopped = ShutdownError("shut down by ar.shutdown() on this or a peer rank")
+            return True
+        return False
+
+    def _drain(self) -> None:
+        with self._lock:
+            queue, self._queue = self._queue, []
+        now = time.monotonic()
+        for entry in queue:
+            if self.timeline is not None:
+                self.timeline.span(entry.name, "QUEUE", entry.submitted, now)
+            entry.submitted = now
+            if entry.compressor.wire_dtype(entry.flat.dtype) is None:
+                try:                                   # a custom compressor: compress now, once
+                    payload, entry.ctx = entry.compressor.compress(entry.array)
+                except Exception as exc:  # noqa: BLE001 - reported on the handle
+                    self._finish(entry, exc)
+                    continue
+                entry.payload = np.ascontiguousarray(payload).reshape(-1)
+                entry.meta = entry.meta[:3] + (f"{entry.compressor.name} -> {entry.payload.dtype}"
+                                               f"[{entry.payload.size}]",)
+            self.pending[entry.name] = entry
+
+    def _allreduce(self, buf: np.ndarray, op: Op) -> str:
+        """Reduce ``buf`` in place with the configured algorithm; return the algorithm's name."""
+        name = self.config.algorithm
+        if name == "auto":
+            name = select.choose(buf.nbytes, self.size, path=self.config.costmodel)
+        algorithms.get(name)(self.transport, buf, op, workspace=self.comm.workspace,
+                             segment_bytes=self.config.segment_bytes)
+        return name
+
+    def _finish(self, entry: Entry, result) -> None:
+        with self._lock:
+            self._inflight.discard(entry.name)
+        if isinstance(result, BaseException):
+            entry.handle._fail(result)
+        else:
+            entry.handle._set(result)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            self._stopping = True
+            if self._stopped is None:
+                self._stopped = error
+            queue, self._queue = self._queue, []
+        for entry in list(self.pending.values()) + queue:
+            self._finish(entry, error)
+        self.pending.clear()
+
+    def _trace_negotiation(self, ranks: dict, ready: list[str], agreed: float) -> None:
+        tl = self.timeline
+        for name, who in ranks.items():
+            entry = self.pending.get(name)
+            if entry is None:
+                continue
+            for r in sorted(who - entry.seen):
+                tl.instant(name, f"rank {r} ready", agreed, {"rank": r})
+            entry.seen |= who
+        for name in ready:
+            entry = self.pending[name]
+            tl.span(name, "NEGOTIATE", entry.submitted, agreed, {"ranks": self.size})

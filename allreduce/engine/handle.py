@@ -1,0 +1,92 @@
+"""What a caller holds while the engine works: a :class:`Handle`, and the :class:`Entry` behind it.
+
+``allreduce_async`` returns a handle at once. The engine thread later sets
+its result (or its error), and ``wait()`` returns (or raises) it::
+
+    h = ar.allreduce_async(grad, name="layer1/w")
+    ...                               # compute more gradients meanwhile
+    avg = h.wait()                    # or ar.synchronize(h)
+
+Do not modify the submitted array until the handle is done: the engine reads
+it when the tensor is packed, as MPI does with the buffer of an ``Isend``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..ops import Op
+
+__all__ = ["Handle", "Entry", "Meta"]
+
+#: What every rank must agree on for one name: (shape, dtype name, op, compressor name).
+Meta = tuple
+
+
+class Handle:
+    """The future result of one asynchronous allreduce."""
+
+    __slots__ = ("name", "_event", "_result", "_error")
+
+    def __init__(self, name: str):
+        self.name = name
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once the result (or an error) is available; never blocks."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> np.ndarray:
+        """Block until done and return the reduced array (same shape and dtype as the input).
+
+        Args:
+            timeout: seconds to wait; ``None`` waits until the engine finishes or fails it.
+
+        Returns:
+            The result, bitwise identical on every rank.
+
+        Raises:
+            The error the engine failed this tensor with (``MismatchError``,
+            ``CompressionError``, ``StallError``, ``ShutdownError``, ...), or
+            ``TimeoutError`` if ``timeout`` passed first.
+        """
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"allreduce of {self.name!r} not done after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _set(self, result: Any) -> None:
+        self._result = result
+        self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else "done" if self.done() else "pending"
+        return f"<Handle {self.name!r} {state}>"
+
+
+class Entry:
+    """One submitted tensor inside the engine (owned by the engine thread after submit)."""
+
+    __slots__ = ("name", "array", "flat", "op", "compressor", "handle", "meta", "payload", "ctx",
+                 "submitted", "announced", "seen")
+
+    def __init__(self, name: str, array: np.ndarray, op: Op, compressor, handle: Handle):
+        self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
+        self.flat = np.ascontiguousarray(array).reshape(-1)
+        self.meta: Meta = (tuple(array.shape), array.dtype.name, int(op), compressor.name)
+        self.payload: np.ndarray | None = None   # a custom compressor's output, made at drain time
+        self.ctx: Any = None
+        self.submitted = time.monotonic()
+        self.announced = False                   # sent through the slow path (uncached names)
+        self.seen: set[int] = set()              # ranks known ready (timeline ticks)

@@ -1,0 +1,231 @@
+"""Agreeing, every cycle, which named tensors are ready on every rank (Horovod's response cache).
+
+Every rank runs the same protocol on the same replicated state, so every
+rank reaches the same decisions without a coordinator.
+
+Fast path: a name that has been negotiated once owns a position in the
+cache (the same position on every rank). Each cycle every rank allreduces
+(Sum) one int64 vector::
+
+    [pending, slow, shutdown, stall_cutoff,  mask(pos 0), mask(pos 1), ..., mask(pos n-1)]
+
+where ``pending``/``slow``/``shutdown`` count the ranks with something
+pending / something new to announce / a shutdown request, ``stall_cutoff``
+is sent by rank 0 only (its stall inspector's decision, see stall.py), and
+``mask(pos)`` has bit ``r`` set by rank ``r`` when its tensor for that cache
+position is ready. Ranks set distinct bits, so the Sum is the bitwise OR:
+a full mask means "ready everywhere", and a partial one says exactly which
+ranks are missing. Cost: one allreduce of ``8 (4 + n)`` bytes (p <= 63).
+
+Idle: when the last cycle saw nothing pending anywhere, only the 4 flags
+are reduced (32 bytes); if one of them says "pending", the full vector
+follows in the same cycle. ``idle`` counts consecutive such cycles; it is
+the same on every rank, so the engine can slow its idle cycles down in
+lockstep (engine.py).
+
+Slow path (only when ``slow > 0``): new names are allgathered with their
+metadata ``(shape, dtype, op, compression)`` and merged, in rank order, into
+a message table that is thus identical on every rank. A name announced by
+every rank is resolved: same metadata -> ready, and it gets a cache
+position; different metadata -> ``MismatchError`` on every rank. A rank
+that submits a cached name with new metadata announces it again, which
+evicts it from the cache on every rank.
+
+Execution order: ready cache positions in position order, then names
+resolved this cycle in table order. Both are the same on every rank.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..errors import MismatchError
+from ..ops import Op
+from .handle import Entry, Meta
+
+__all__ = ["Negotiator", "Outcome", "describe_meta"]
+
+_FLAGS = 4
+_PENDING, _SLOW, _SHUTDOWN, _CUTOFF = range(_FLAGS)
+_BITS = 63   # rank bits per int64 word: bits 0..62, so the Sum of distinct bits never overflows
+
+
+class Outcome:
+    """What one cycle decided; the same on every rank."""
+
+    __slots__ = ("ready", "errors", "stalled", "shutdown", "ranks")
+
+    def __init__(self):
+        self.ready: list[str] = []                           # execute in this order
+        self.errors: dict[str, Exception] = {}               # fail these names
+        self.stalled: dict[str, tuple[list[int], list[int]]] = {}  # name -> (ready ranks, missing)
+        self.shutdown = False
+        self.ranks: dict[str, frozenset[int]] = {}           # who is ready, per name seen this cycle
+
+
+def describe_meta(field: int, value) -> str:
+    if field == 2:
+        return repr(Op(value))
+    return str(value)
+
+
+_FIELD_NAMES = ("shape", "dtype", "op", "compression")
+
+
+def _mismatch(name: str, metas: dict[int, Meta]) -> MismatchError:
+    ranks = sorted(metas)
+    problems = []
+    for i, field in enumerate(_FIELD_NAMES):
+        values = [metas[r][i] for r in ranks]
+        if any(v != values[0] for v in values):
+            shown = ", ".join(f"rank {r}: {describe_meta(i, metas[r][i])}" for r in ranks)
+            problems.append(f"{field} differs across ranks ({shown})")
+    return MismatchError(f"allreduce of {name!r}: " + "; ".join(problems)
+                         + ". Every rank must submit a name with the same shape, dtype, op and compression.")
+
+
+class Negotiator:
+    """The replicated cache and message table of one engine."""
+
+    def __init__(self, rank: int, size: int, allreduce: Callable[[np.ndarray, Op], None],
+                 allgather_object: Callable, *, capacity: int = 1024):
+        self.rank, self.size = rank, size
+        self._allreduce, self._allgather = allreduce, allgather_object
+        self.capacity = capacity
+        self.words = -(-size // _BITS)
+        self.names: list[str | None] = []        # cache position -> name (None: free)
+        self.metas: list[Meta | None] = []
+        self.positions: dict[str, int] = {}
+        self.table: dict[str, dict[int, Meta]] = {}   # announced, uncached names -> rank -> meta
+        # Names some ranks are ready for and others not: name -> (since cycle, since time, ready ranks).
+        self.partial: dict[str, tuple[int, float, frozenset[int]]] = {}
+        self.cycle = 0
+        self.idle = 0                            # consecutive cycles with nothing pending anywhere
+        self.tiny = True
+        self.stats = {"tiny": 0, "full": 0, "slow": 0}   # exchanges of each kind (tests, benchmarks)
+        self._vec = np.zeros(_FLAGS, np.int64)
+        self._everyone = frozenset(range(size))
+        self._full = np.zeros(self.words, np.int64)          # the mask of a name ready everywhere
+        for r in range(size):
+            self._full[r // _BITS] |= 1 << (r % _BITS)
+
+    # -- the cycle -------------------------------------------------------------------------
+    def negotiate(self, pending: dict[str, Entry], *, shutdown: bool, cutoff: int) -> Outcome:
+        """Run one cycle of the protocol over this rank's ``pending`` entries."""
+        self.cycle += 1
+        out = Outcome()
+        flags = [1 if pending else 0, 0, 1 if shutdown else 0,
+                 cutoff + 1 if self.rank == 0 and cutoff >= 0 else 0]
+        new = [e for e in pending.values() if not e.announced and self._cached_meta(e.name) != e.meta]
+        flags[_SLOW] = 1 if new else 0
+        if self.tiny:
+            vec = self._exchange(flags, None)
+            self.stats["tiny"] += 1
+            if vec[_PENDING] == 0:
+                self.idle += 1
+                out.shutdown = bool(vec[_SHUTDOWN])
+                return out
+        self.idle = 0
+        vec = self._exchange(flags, pending)
+        self.stats["full"] += 1
+        self.tiny = vec[_PENDING] == 0
+        out.shutdown = bool(vec[_SHUTDOWN])
+        masks = vec[_FLAGS:].reshape(len(self.names), self.words)
+        full = (masks == self._full).all(axis=1)           # ready on every rank
+        partial_now: dict[str, frozenset[int]] = {}
+        for pos in np.flatnonzero(masks.any(axis=1)).tolist():   # 1. cached names someone is ready for
+            name = self.names[pos]
+            if full[pos]:
+                out.ready.append(name)
+                out.ranks[name] = self._everyone
+            else:
+                partial_now[name] = out.ranks[name] = self._ranks(masks[pos])
+        if vec[_SLOW]:                                      # 2. new names
+            self.stats["slow"] += 1
+            self._merge(self._allgather([(e.name, e.meta) for e in new]))
+            for e in new:
+                e.announced = True
+        for name, metas in list(self.table.items()):
+            ranks = frozenset(metas)
+            out.ranks[name] = ranks
+            if len(metas) < self.size:
+                partial_now[name] = ranks
+                continue
+            del self.table[name]
+            first = metas[0]
+            if all(m == first for m in metas.values()):
+                self._insert(name, first)
+                out.ready.append(name)
+            else:
+                out.errors[name] = _mismatch(name, metas)
+        self._track_partial(partial_now, int(vec[_CUTOFF]) - 1, out)
+        return out
+
+    # -- pieces ------------------------------------------------------------------------------
+    def _cached_meta(self, name: str) -> Meta | None:
+        pos = self.positions.get(name)
+        return None if pos is None else self.metas[pos]
+
+    def _exchange(self, flags: list[int], pending: dict[str, Entry] | None) -> np.ndarray:
+        n = 0 if pending is None else len(self.names) * self.words
+        if self._vec.size != _FLAGS + n:
+            self._vec = np.zeros(_FLAGS + n, np.int64)
+        vec = self._vec
+        vec[:] = 0
+        vec[:_FLAGS] = flags
+        if pending is not None:
+            word, bit = divmod(self.rank, _BITS)
+            for name, entry in pending.items():
+                pos = self.positions.get(name)
+                if pos is not None and not entry.announced and self.metas[pos] == entry.meta:
+                    vec[_FLAGS + pos * self.words + word] = 1 << bit
+        self._allreduce(vec, Op.SUM)
+        return vec
+
+    def _ranks(self, words: np.ndarray) -> frozenset[int]:
+        ranks = []
+        for w, v in enumerate(words.tolist()):
+            while v:                                        # one step per set bit
+                low = v & -v
+                ranks.append(w * _BITS + low.bit_length() - 1)
+                v ^= low
+        return frozenset(ranks)
+
+    def _merge(self, announcements: list[list[tuple[str, Meta]]]) -> None:
+        for rank, records in enumerate(announcements):     # rank order: the same table everywhere
+            for name, meta in records:
+                pos = self.positions.pop(name, None)
+                if pos is not None:                          # cached name with new metadata: evict
+                    self.names[pos] = self.metas[pos] = None
+                self.table.setdefault(name, {})[rank] = tuple(meta)
+
+    def _insert(self, name: str, meta: Meta) -> None:
+        if name in self.positions:
+            return
+        for pos, old in enumerate(self.names):              # reuse the first free position
+            if old is None:
+                break
+        else:
+            if len(self.names) >= self.capacity:
+                return                                      # cache full: this name stays on the slow path
+            pos = len(self.names)
+            self.names.append(None)
+            self.metas.append(None)
+        self.names[pos], self.metas[pos] = name, meta
+        self.positions[name] = pos
+
+    def _track_partial(self, partial_now: dict[str, frozenset[int]], cutoff: int, out: Outcome) -> None:
+        """Remember since when each name is partial; apply rank 0's stall cutoff."""
+        now = time.monotonic()
+        self.partial = {name: self.partial.get(name, (self.cycle, now))[:2] + (ranks,)
+                        for name, ranks in partial_now.items()}
+        if cutoff < 0:
+            return
+        everyone = set(range(self.size))
+        for name, (since, _, ranks) in list(self.partial.items()):
+            if since <= cutoff:
+                out.stalled[name] = (sorted(ranks), sorted(everyone - ranks))
+                self.table.pop(name, None)
+                del self.partial[name]

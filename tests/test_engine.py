@@ -1,0 +1,218 @@
+"""The engine on p threads: random submission orders, fusion, the response cache, shutdown."""
+import time
+
+import numpy as np
+import pytest
+
+from allreduce.errors import InvalidArgumentError, ShutdownError
+from allreduce.ops import SUPPORTED_DTYPES, Op
+
+from .engine_util import engines, submit_all, wait_all
+from .harness import assert_allreduce_ok, make_inputs
+
+SIZES = [0, 1, 3, 17, 100, 1001, 5000]
+
+
+def _step_tensors(rng, p, names):
+    """name -> (inputs per rank, op); the name fixes dtype, size and op, as a model's gradients do."""
+    out = {}
+    for i, name in enumerate(names):
+        dtype = SUPPORTED_DTYPES[i % len(SUPPORTED_DTYPES)]
+        op = list(Op)[i % len(Op)]
+        out[name] = (make_inputs(rng, p, SIZES[i % len(SIZES)], dtype, op), op)
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_random_orders_many_dtypes_and_sizes(p):
+    rng = np.random.default_rng(p)
+    names = [f"layer{i}/grad" for i in range(16)]
+    steps = {2: 60, 3: 40, 4: 30}[p]
+    with engines(p, fusion_threshold=16 << 10) as engs:
+        for _ in range(steps):
+            tensors = _step_tensors(rng, p, names)
+            handles = {}
+            for r, engine in enumerate(engs):                     # each rank in its own order
+                for name in rng.permutation(names):
+                    inputs, op = tensors[name]
+                    handles.setdefault(name, [None] * p)[r] = engine.submit(inputs[r], name=name, op=op)
+            for name, (inputs, op) in tensors.items():
+                assert_allreduce_ok([h.wait(30) for h in handles[name]], inputs, op)
+        stats = engs[0].negotiator.stats
+    assert stats["slow"] < steps, "steady state must use the cache, not a gather of names per step"
+
+
+def test_shapes_are_kept_and_non_contiguous_inputs_work():
+    rng = np.random.default_rng(0)
+    base = [rng.standard_normal((6, 8)).astype(np.float32) for _ in range(2)]
+    inputs = {"t": [b.T for b in base], "s": [b[::2, 1:] for b in base]}
+    with engines(2) as engs:
+        results = wait_all(submit_all(engs, inputs, op=Op.SUM))
+    for name, xs in inputs.items():
+        assert_allreduce_ok(results[name], [np.ascontiguousarray(x) for x in xs], Op.SUM)
+
+
+@pytest.mark.parametrize("cache_capacity", [0, 3])
+def test_small_or_no_cache_still_correct(cache_capacity):
+    rng = np.random.default_rng(cache_capacity)
+    with engines(3, cache_capacity=cache_capacity) as engs:
+        for _ in range(10):
+            inputs = {f"g{i}": make_inputs(rng, 3, 50 + i, np.float64, Op.SUM) for i in range(8)}
+            results = wait_all(submit_all(engs, inputs, rng, op=Op.SUM))
+            for name, xs in inputs.items():
+                assert_allreduce_ok(results[name], xs, Op.SUM)
+        assert len([n for n in engs[0].negotiator.names if n]) <= cache_capacity
+
+
+def test_fusion_on_and_off_give_the_same_results():
+    rng = np.random.default_rng(7)
+    # Integer-valued floats: every sum is exact, so any difference is a packing bug.
+    inputs = {f"w{i}": [rng.integers(-50, 50, 10 + 97 * i).astype(np.float32) for _ in range(3)]
+              for i in range(12)}
+    inputs.update({f"i{i}": [rng.integers(-9, 9, 33 * i + 1).astype(np.int32) for _ in range(3)]
+                   for i in range(5)})
+    outs = []
+    for threshold in (0, 1 << 12, 64 << 20):
+        with engines(3, fusion_threshold=threshold) as engs:
+            outs.append(wait_all(submit_all(engs, inputs, np.random.default_rng(threshold), op=Op.SUM)))
+    for name in inputs:
+        for out in outs[1:]:
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(outs[0][name], out[name])), name
+
+
+def test_idle_cycles_are_tiny_and_steady_state_skips_the_gather():
+    with engines(2, cycle_time=1.0) as engs:
+        inputs = {f"g{i}": [np.full(4, r + i, np.float32) for r in range(2)] for i in range(5)}
+        wait_all(submit_all(engs, inputs))
+        slow = engs[0].negotiator.stats["slow"]
+        for _ in range(20):
+            wait_all(submit_all(engs, inputs, np.random.default_rng(1)))
+        assert engs[0].negotiator.stats["slow"] == slow       # cached: no more name gathers
+        tiny = engs[0].negotiator.stats["tiny"]
+        deadline = time.monotonic() + 20
+        while engs[0].negotiator.stats["tiny"] < tiny + 10 and time.monotonic() < deadline:
+            time.sleep(0.01)                                 # idle: flags-only exchanges
+        assert engs[0].negotiator.stats["tiny"] >= tiny + 10
+        assert engs[0].negotiator._vec.size == 4
+
+
+def test_unnamed_tensors_are_named_by_call_order():
+    with engines(2) as engs:
+        handles = [[e.submit(np.full(3, r * 10 + k, np.int64), op=Op.SUM) for k in range(4)]
+                   for r, e in enumerate(engs)]
+        for k in range(4):
+            assert [h.name for h in (handles[0][k], handles[1][k])] == [f"allreduce.noname.{k}"] * 2
+            assert handles[0][k].wait(10).tolist() == [10 + 2 * k] * 3
+
+
+def test_handle_done_and_duplicate_name():
+    with engines(2, cycle_time=5.0) as engs:
+        h0 = engs[0].submit(np.ones(3), name="x")
+        with pytest.raises(InvalidArgumentError, match="already in flight"):
+            engs[0].submit(np.ones(3), name="x")
+        assert not h0.done()
+        h1 = engs[1].submit(np.ones(3), name="x")
+        assert h0.wait(10).tolist() == [1, 1, 1] and h0.done() and h1.wait(10).tolist() == [1, 1, 1]
+        h2 = engs[0].submit(np.ones(3), name="x")       # done: the name may be used again
+        engs[1].submit(np.ones(3), name="x").wait(10)
+        h2.wait(10)
+
+
+def test_bad_arguments_raise_before_anything_is_sent():
+    with engines(1) as (engine,):
+        with pytest.raises(TypeError, match="unsupported dtype"):
+            engine.submit(np.array(["a"]), name="s")
+        with pytest.raises(TypeError, match="op must be"):
+            engine.submit(np.ones(2), name="o", op="sum")
+        with pytest.raises(TypeError, match="compress"):
+            engine.submit(np.ones(2), name="c", compression="fp16")
+        for bad in ("", 3):
+            with pytest.raises(InvalidArgumentError, match="name must be"):
+                engine.submit(np.ones(2), name=bad)
+        assert engine.submit(np.arange(4.0), name="single").wait(10).tolist() == [0, 1, 2, 3]
+
+
+def test_shutdown_fails_what_is_not_ready_and_refuses_new_work():
+    with engines(3) as engs:
+        ok = [e.submit(np.full(2, r, np.float64), name="both", op=Op.SUM) for r, e in enumerate(engs)]
+        lonely = engs[1].submit(np.ones(2), name="only-rank-1")
+        assert ok[0].wait(10).tolist() == [3, 3]
+        engs[0].shutdown(timeout=10)                          # any rank stops every rank
+        for e in engs:
+            e._thread.join(10)
+            assert not e.alive
+        with pytest.raises(ShutdownError):
+            lonely.wait(10)
+        with pytest.raises(ShutdownError, match="shut down"):
+            engs[2].submit(np.ones(2), name="late")
+
+
+@pytest.mark.parametrize("capacity", [2, 1024])
+def test_ranks_submitting_from_their_own_threads_at_random_times(capacity):
+    """Each rank is a user thread with its own timing; names change shape over time (cache eviction)."""
+    import threading
+    p, steps = 3, 25
+    errors = []
+    with engines(p, cache_capacity=capacity, cycle_time=0.3) as engs:
+        def rank_body(r):
+            try:
+                rng = np.random.default_rng([r, capacity])
+                for step in range(steps):
+                    shared = np.random.default_rng(step)           # same names and shapes on every rank
+                    names = [f"n{i}" for i in shared.choice(10, size=5, replace=False)]
+                    sizes = {n: int(shared.integers(0, 3)) * 7 + 1 for n in names}   # shapes change
+                    handles = {}
+                    for n in rng.permutation(names):
+                        if rng.random() < 0.3:
+                            time.sleep(rng.random() * 2e-3)          # arrive late now and then
+                        handles[n] = engs[r].submit(np.full(sizes[n], r + step, np.int64), name=n, op=Op.SUM)
+                    for n, h in handles.items():
+                        want = sum(range(p)) + p * step
+                        assert h.wait(30).tolist() == [want] * sizes[n], (r, step, n)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+        threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(p)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[0]
+
+
+def test_long_idle_stretches_cycles_in_lockstep_and_a_submit_still_completes():
+    from allreduce.engine.engine import IDLE_CYCLES, IDLE_FACTOR
+    with engines(2, cycle_time=0.1) as engs:
+        deadline = time.monotonic() + 30
+        while engs[0].negotiator.idle < IDLE_CYCLES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engs[0].negotiator.idle >= IDLE_CYCLES
+        before, t0 = engs[0].cycles, time.monotonic()
+        time.sleep(0.2)
+        rate = (engs[0].cycles - before) / (time.monotonic() - t0)
+        assert rate <= 1.5 * 1000 / (0.1 * IDLE_FACTOR), f"{rate:.0f} idle cycles/s"
+        handles = [e.submit(np.full(2, r, np.int32), name="wake", op=Op.SUM) for r, e in enumerate(engs)]
+        assert [h.wait(10).tolist() for h in handles] == [[1, 1], [1, 1]]
+        assert engs[0].negotiator.idle < IDLE_CYCLES
+
+
+def test_engine_settings_come_from_the_environment_once():
+    from allreduce.config import Config
+    env = {"ALLREDUCE_CYCLE_TIME": "2.5", "ALLREDUCE_FUSION_THRESHOLD": "0", "ALLREDUCE_ENGINE": "0",
+           "ALLREDUCE_CACHE_CAPACITY": "7", "ALLREDUCE_STALL_CHECK_TIME": "5",
+           "ALLREDUCE_STALL_SHUTDOWN_TIME": "9", "ALLREDUCE_TIMELINE": "/tmp/tl.json"}
+    c = Config.from_env(env)
+    assert (c.cycle_time, c.fusion_threshold, c.engine, c.cache_capacity, c.stall_check_time,
+            c.stall_shutdown_time, c.timeline) == (2.5, 0, False, 7, 5.0, 9.0, "/tmp/tl.json")
+    assert Config.from_env(env, fusion_threshold=5).fusion_threshold == 5
+    with pytest.raises(ValueError, match="cycle_time"):
+        Config.from_env({"ALLREDUCE_CYCLE_TIME": "0"})
+    with pytest.raises(ValueError, match="fusion_threshold"):
+        Config(fusion_threshold=-1)
+
+
+def test_rank_masks_span_several_words_beyond_63_ranks():
+    from allreduce.engine.negotiation import Negotiator
+    neg = Negotiator(0, 130, None, None)
+    assert neg.words == 3 and neg._full.tolist() == [2 ** 63 - 1, 2 ** 63 - 1, 15]
+    assert sorted(neg._ranks(np.array([5, 0, 3], np.int64))) == [0, 2, 126, 127]
+    assert neg._ranks(neg._full) == frozenset(range(130))
