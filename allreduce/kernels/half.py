@@ -5,7 +5,8 @@ numba cannot compute in either type, so these kernels work on the raw
 
     decode:  bits -> float32      a 65536-entry table, exact by construction
     compute: float32 arithmetic   the same arithmetic numpy / ml_dtypes use
-    encode:  float32 -> bits      round to nearest, ties to even
+    encode:  float -> bits        round to nearest, ties to even, on the integer
+                                  bit pattern (no frexp/rint: about 20x faster)
 
 Decoding both inputs to float32, computing once and rounding once is exactly
 what ``np.float16.__add__`` does, so results match numpy bit for bit
@@ -19,11 +20,11 @@ The two formats differ only in field widths, passed as constants:
 """
 from __future__ import annotations
 
-import math
-
 import ml_dtypes
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 __all__ = ["HalfFormat", "FLOAT16", "BFLOAT16", "reduce_half_into", "avg_half_inplace",
            "encode_into", "decode_into"]
@@ -51,26 +52,53 @@ BFLOAT16 = HalfFormat(ml_dtypes.bfloat16, 7, 127)
 _SUM, _AVG, _MIN, _MAX, _PROD = 0, 1, 2, 3, 4
 
 
+@intrinsic
+def _bits_of(typingctx, x):
+    """The IEEE-754 float64 bit pattern of ``x`` as an int64 (float32 is widened first, exactly)."""
+    if x not in (types.float32, types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = args[0]
+        if signature.args[0] == types.float32:
+            value = builder.fpext(value, ir.DoubleType())
+        return builder.bitcast(value, ir.IntType(64))
+    return types.int64(x), codegen
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _encode(v, mant_bits, bias, overflow, nan_bits):
-    """float -> 16-bit pattern, round to nearest even."""
-    sign = 0x8000 if math.copysign(1.0, v) < 0 else 0
-    if v != v:
-        return sign | nan_bits
-    a = abs(v)
-    if a >= overflow:
-        return sign | ((2 * bias + 1) << mant_bits)        # infinity
-    min_normal = 2.0 ** (1 - bias)
-    if a < min_normal:                                     # subnormal (or zero)
-        m = int(np.rint(a * 2.0 ** (bias - 1 + mant_bits)))
-        return sign | m                                    # m == 2**mant_bits is the smallest normal
-    frac, e = math.frexp(a)                                # a = frac * 2**e, frac in [0.5, 1)
-    m = int(np.rint(frac * 2.0 ** (mant_bits + 1)))
-    exp = e - 1 + bias
-    if m == 1 << (mant_bits + 1):                          # rounding carried into the exponent
-        m >>= 1
-        exp += 1
-    return sign | (exp << mant_bits) | (m - (1 << mant_bits))
+    """float -> 16-bit pattern, round to nearest, ties to even, in integer arithmetic only.
+
+    ``v`` is widened to float64 (exact for float32), so one rounding happens:
+    float64 -> 16 bits. ``overflow`` is implied by the rounding and kept for callers.
+    """
+    x = _bits_of(v)
+    sign = (x >> 48) & 0x8000
+    e = (x >> 52) & 0x7FF                     # float64 biased exponent
+    m = x & 0xFFFFFFFFFFFFF                   # 52 stored mantissa bits
+    inf_bits = (2 * bias + 1) << mant_bits
+    if e == 0x7FF:
+        return sign | (nan_bits if m != 0 else inf_bits)
+    if e == 0:                                # zero or a float64 subnormal: far below any 16-bit value
+        return sign
+    drop = 52 - mant_bits                     # mantissa bits that do not fit
+    exp = e - 1023 + bias                     # biased exponent in the 16-bit format
+    full = m | (1 << 52)
+    if exp <= 0:                              # a 16-bit subnormal: shift the hidden bit in too
+        drop += 1 - exp
+        if drop > 60:
+            return sign                       # below half the smallest subnormal: rounds to zero
+        r = full >> drop
+    else:
+        r = (exp << mant_bits) | (m >> drop)
+    rest = full & ((1 << drop) - 1)
+    half = 1 << (drop - 1)
+    if rest > half or (rest == half and (r & 1) == 1):
+        r += 1                                # a carry may roll into the exponent: still correct
+    if r >= inf_bits:
+        r = inf_bits
+    return sign | r
 
 
 @njit(nogil=True, cache=True)

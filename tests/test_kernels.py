@@ -1,0 +1,107 @@
+"""The reduction kernels against numpy, bit for bit, including the 16-bit float encoder."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from allreduce import kernels
+from allreduce.kernels import half
+from allreduce.kernels.reference import reduce_pair
+from allreduce.ops import SUPPORTED_DTYPES, Op
+
+SPECIAL = np.array([0, -0.0, np.inf, -np.inf, np.nan, 65504, -65504, 65519.99, 65520, 6e-8, 2.98e-8,
+                    2.9802322e-08, 1e-5, 3.0e38, -3.0e38, 1e-40, 6.1035156e-05, 6.1e-5, 1.0, -1.0], np.float32)
+
+
+def _inputs(dtype, n=20000, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        ends = np.array([info.min, info.max, 0, 1, -1 if info.min < 0 else 2], dtype=dtype)
+        a = np.concatenate([rng.integers(info.min, info.max, n, endpoint=True).astype(dtype), ends, ends[::-1]])
+        b = np.concatenate([rng.integers(info.min, info.max, n, endpoint=True).astype(dtype), ends[::-1], ends])
+        return a, b
+    wide = rng.standard_normal(n) * 10.0 ** rng.integers(-9, 6, n)
+    a = np.concatenate([wide, SPECIAL, SPECIAL[::-1]]).astype(dtype)
+    b = np.concatenate([rng.standard_normal(n) * 10.0 ** rng.integers(-9, 6, n), SPECIAL[::-1], SPECIAL]).astype(dtype)
+    return a, b
+
+
+def _same(got, want):
+    if got.dtype.kind in "iu":
+        return np.array_equal(got, want)
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    both_nan = np.isnan(g) & np.isnan(w)
+    bits = got.view(f"u{got.itemsize}") == want.view(f"u{want.itemsize}")
+    return bool(np.all(bits | both_nan))
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+@pytest.mark.parametrize("op", [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX], ids=repr)
+def test_reduce_into_matches_numpy_bitwise(dtype, op):
+    a, b = _inputs(dtype)
+    got = a.copy()
+    with np.errstate(all="ignore"):
+        kernels.reduce_into(got, b, op)
+        want = reduce_pair(a, b, op)
+    assert _same(got, want)
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+@pytest.mark.parametrize("nranks", [1, 3, 8])
+def test_fused_average_is_sum_then_divide(dtype, nranks):
+    a, b = _inputs(dtype, n=5000, seed=nranks)
+    got = a.copy()
+    kernels.reduce_finish_into(got, b, Op.AVERAGE, nranks)
+    with np.errstate(all="ignore"):
+        total = reduce_pair(a, b, Op.SUM)
+        if np.dtype(dtype).kind in "iu":       # NCCL's ncclAvg: wrapped sum, divide toward zero
+            q = np.abs(total.astype(np.int64)) // nranks
+            want = np.where(total >= 0, q, -q).astype(dtype)
+        elif np.dtype(dtype).itemsize == 2:    # both roundings of the 16-bit formats
+            want = (total.astype(np.float32).astype(np.float64) / nranks).astype(dtype)
+        else:
+            want = (total / np.array(nranks, dtype)).astype(dtype) if dtype == np.float32 \
+                else (total / nranks).astype(dtype)
+    assert _same(got, want)
+
+
+@pytest.mark.parametrize("fmt,dtype", [(half.FLOAT16, np.float16), (half.BFLOAT16, ml_dtypes.bfloat16)], ids=["f16", "bf16"])
+def test_encode_from_float32_matches_numpy_cast(fmt, dtype):
+    rng = np.random.default_rng(5)
+    v = np.concatenate([(rng.standard_normal(200000) * 10.0 ** rng.integers(-12, 8, 200000)), SPECIAL]).astype(np.float32)
+    # Every float32 tie point between two adjacent 16-bit values, too.
+    edges = np.arange(0, 65535, 7, dtype=np.uint16).view(dtype).astype(np.float32)
+    v = np.concatenate([v, edges, np.nextafter(edges, np.float32(np.inf))])
+    out = np.empty(v.size, np.uint16)
+    half.encode_into(out, v, np.float32(1.0), *fmt.args[1:])
+    with np.errstate(all="ignore"):
+        want = v.astype(dtype).view(np.uint16)
+    assert np.all((out == want) | np.isnan(v))
+
+
+def test_encode_float64_rounds_once():
+    rng = np.random.default_rng(6)
+    v = rng.standard_normal(200000) * 10.0 ** rng.integers(-12, 8, 200000)
+    out = np.empty(v.size, np.uint16)
+    half.encode_into(out, v, 1.0, *half.FLOAT16.args[1:])
+    with np.errstate(all="ignore"):
+        assert np.array_equal(out, v.astype(np.float16).view(np.uint16))   # numpy casts float64 directly
+
+
+def test_decode_is_exact():
+    bits = np.arange(65536, dtype=np.uint16)
+    out = np.empty(bits.size, np.float32)
+    half.decode_into(out, bits, np.float32(1.0), half.FLOAT16.table)
+    ref = bits.view(np.float16).astype(np.float32)
+    assert np.array_equal(out, ref, equal_nan=True)
+
+
+def test_empty_and_finish_noop():
+    x = np.empty(0, np.float32)
+    kernels.reduce_into(x, x, Op.SUM)
+    y = np.arange(4.0)
+    kernels.finish(y, Op.SUM, 4)
+    assert np.array_equal(y, np.arange(4.0))
+    kernels.finish(y, Op.AVERAGE, 2)
+    assert np.array_equal(y, np.arange(4.0) / 2)

@@ -1,0 +1,45 @@
+"""tfops (TensorFlow / Keras on the engine): one process, and 2 and 3 ranks under mpirun.
+
+Importing TensorFlow costs ~10 s per process, so the checks are grouped into
+two rank scripts (tests/mpi/tf_ops.py, tests/mpi/tf_train.py; their
+docstrings list what they check) and each runs once per world size. TF runs
+with one intra-op and one inter-op thread.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from .harness import MPI_SCRIPTS, mpi_env, mpirun
+
+pytest.importorskip("tensorflow")
+
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+       "TF_NUM_INTEROP_THREADS": "1"}
+# TF's import alone takes tens of seconds when the 2 cores are shared; the checks themselves ~10 s.
+TIMEOUT = 400
+pytestmark = pytest.mark.timeout(TIMEOUT + 30)
+
+
+def test_ops_and_gradients_one_process_without_mpirun():
+    env = mpi_env()
+    env.update(ENV)
+    try:
+        proc = subprocess.run([sys.executable, str(MPI_SCRIPTS / "tf_ops.py")], env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"TIMEOUT after {TIMEOUT} s: python tf_ops.py\n{exc.stdout}\n{exc.stderr}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rank 0: tf_ops OK" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_ops_gradients_and_errors_3_ranks():
+    out = mpirun(3, "tf_ops.py", timeout=TIMEOUT, env=ENV).stdout
+    assert all(f"rank {r}: tf_ops OK" in out for r in range(3)), out[-3000:]
+
+
+@pytest.mark.mpi
+def test_training_matches_single_process_2_ranks():
+    out = mpirun(2, "tf_train.py", timeout=TIMEOUT, env=ENV).stdout
+    assert all(f"rank {r}: tf_train OK" in out for r in range(2)), out[-3000:]

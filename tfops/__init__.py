@@ -1,0 +1,96 @@
+"""tfops: TensorFlow 2 / Keras 3 on the allreduce engine, with Horovod's API.
+
+A Horovod script changes one import line::
+
+    import horovod.tensorflow.keras as hvd   ->   import tfops.keras as hvd
+    import horovod.tensorflow as hvd         ->   import tfops as hvd
+
+and runs the same way: ``mpirun -np 4 python train.py`` (or ``allreduce-run``).
+
+Covered names (same names and argument names as Horovod):
+
+``tfops``
+    init, shutdown, is_initialized, size, rank, local_rank, local_size,
+    Sum, Average, Min, Max, Compression (none, fp16, bf16),
+    allreduce(tensor, op=Average, compression=Compression.none, name=None),
+    grouped_allreduce(tensors, op=Average, compression=Compression.none, name=None),
+    allgather(tensor, name=None), broadcast(tensor, root_rank, name=None),
+    broadcast_variables(variables, root_rank), broadcast_object(obj, root_rank=0),
+    allgather_object(obj),
+    DistributedGradientTape(gradtape, compression=..., sparse_as_dense=False, op=Average),
+    DistributedOptimizer(optimizer, name=None, compression=..., sparse_as_dense=False, op=Average,
+    backward_passes_per_step=1, average_aggregated_gradients=False).
+    Beyond Horovod: GradientHooks(model, op=Average, compression=..., sparse_as_dense=False)
+    (each gradient's allreduce starts while backprop goes on: tfops.hooks), the
+    DistributedOptimizer argument hooks=GradientHooks(model) (the same in model.fit), and
+    XlaNotSupportedError.
+
+``tfops.keras``
+    the same, plus callbacks.BroadcastGlobalVariablesCallback(root_rank),
+    callbacks.MetricAverageCallback(),
+    callbacks.LearningRateWarmupCallback(initial_lr, warmup_epochs=5, momentum_correction=True,
+    steps_per_epoch=None, verbose=0).
+
+Not covered: Adasum, process sets, reducescatter/alltoall TF ops, ``device_dense`` /
+``device_sparse`` / ``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
+optimizers and sessions, ``hvd.load_model``, ``momentum_correction`` (accepted, ignored).
+
+Every op works eagerly, inside ``tf.function`` and inside ``model.fit`` (a
+``tf.numpy_function`` into the engine, with a registered gradient; see
+:mod:`tfops.ops`). XLA (``jit_compile=True``) cannot call back into Python:
+the ops raise :class:`XlaNotSupportedError` when traced there, and the
+Keras callbacks turn ``model.jit_compile`` off with a warning.
+"""
+from __future__ import annotations
+
+import allreduce as _ar
+
+from .hooks import GradientHooks
+from .ops import (Average, Compression, Max, Min, Sum, XlaNotSupportedError, allgather, allgather_object,
+                  allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce)
+from .optimizer import DistributedOptimizer
+from .tape import DistributedGradientTape
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
+           "Sum", "Average", "Min", "Max", "Compression", "allreduce", "grouped_allreduce", "allgather",
+           "broadcast", "broadcast_variables", "broadcast_object", "allgather_object",
+           "DistributedGradientTape", "DistributedOptimizer", "GradientHooks", "XlaNotSupportedError"]
+
+
+def init(comm=None, **settings) -> None:
+    """Start the engine on every rank of ``comm`` (default: MPI COMM_WORLD; a single process works too).
+
+    Args:
+        comm: an mpi4py communicator.
+        settings: ``allreduce.Config`` fields (``ALLREDUCE_*`` environment variables also apply).
+    """
+    _ar.init(comm, **settings)
+
+
+def shutdown() -> None:
+    """Stop the engine; collectives raise until :func:`init` is called again."""
+    _ar.shutdown()
+
+
+def is_initialized() -> bool:
+    return _ar.is_initialized()
+
+
+def size() -> int:
+    """The number of ranks."""
+    return _ar.size()
+
+
+def rank() -> int:
+    """This process's rank, 0 .. size()-1."""
+    return _ar.rank()
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its node."""
+    return _ar.local_rank()
+
+
+def local_size() -> int:
+    """The number of ranks on this node."""
+    return _ar.local_size()

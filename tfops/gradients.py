@@ -1,0 +1,56 @@
+"""One step's gradients, reduced together: shared by the tape, the optimizer and the hooks.
+
+Dense gradients go to the engine in one grouped call (the engine fuses
+them); ``IndexedSlices`` (embedding gradients) are allgathered, values and
+indices, or densified first with ``sparse_as_dense=True``. Names are
+positions, the same on every rank.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from .ops import Average, Compression, _check_op, _grouped_dense, _plain_python, allreduce, check_compression
+
+__all__ = ["gradient_names", "reduce_gradients"]
+
+
+def gradient_names(prefix: str, count: int) -> list[str]:
+    """Cross-rank names for one step's gradients: by position, as Horovod names them.
+
+    Positions, not variable names: Keras numbers layers per process (``dense_3``), so a rank
+    that built one more model would otherwise never match its peers. A different variable set
+    on one rank shows up as a shape ``MismatchError`` or, for extra variables, a stall.
+    """
+    return [f"{prefix}.grad.{i}" for i in range(count)]
+
+
+@_plain_python
+def reduce_gradients(grads, names: list[str], op=Average, compression=Compression.none,
+                     sparse_as_dense: bool = False) -> list:
+    """Reduce a step's gradients: every dense one in ONE grouped call, sparse ones allgathered.
+
+    Args:
+        grads: tensors, ``tf.IndexedSlices`` or ``None`` (kept as ``None``).
+        names: one cross-rank name per gradient (:func:`gradient_names`).
+        op: ``Sum`` or ``Average``.
+        compression: applied to the dense gradients.
+        sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense ones.
+
+    Returns:
+        The reduced gradients, in order.
+    """
+    out = list(grads)
+    dense = []
+    for i, g in enumerate(out):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = allreduce(g, op=op, name=names[i])
+        else:
+            dense.append(i)
+    if dense:
+        xs = [tf.convert_to_tensor(out[i]) for i in dense]
+        ys = _grouped_dense(xs, _check_op(op), check_compression(compression), [names[i] for i in dense])
+        for i, y in zip(dense, ys):
+            out[i] = y
+    return out

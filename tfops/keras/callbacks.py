@@ -1,0 +1,4 @@
+"""``hvd.callbacks`` for ``import tfops.keras as hvd``; the classes live in :mod:`tfops.callbacks`."""
+from ..callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
+
+__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback"]
