@@ -18,7 +18,7 @@ ALLREDUCE_CYCLE_TIME               cycle_time (milliseconds)     1.0
 ALLREDUCE_FUSION_THRESHOLD         fusion_threshold (bytes)      134217728
 ALLREDUCE_CACHE_CAPACITY           cache_capacity                1024
 ALLREDUCE_STALL_CHECK_TIME         stall_check_time (seconds)    60.0 (0: off)
-ALLREDUCE_STALL_SHUTDOWN_TIME      stall_shutdown_time (seconds) 0.0 (off)
+ALLREDUCE_STALL_SHUTDOWN_TIME      stall_shutdown_time (seconds) 600.0 (0: never)
 ALLREDUCE_TIMELINE                 timeline (path)               "" (off)
 ALLREDUCE_DEVICE                   device (CUDA device id)       -1 (local_rank % GPUs)
 ALLREDUCE_CUDA_IPC                 cuda_ipc                      0
@@ -83,7 +83,7 @@ class Config:
     fusion_threshold: int = 128 << 20  #: most bytes in one fused allreduce (0: no fusion)
     cache_capacity: int = 1024       #: names in the engine's response cache
     stall_check_time: float = 60.0   #: seconds before warning about a partially submitted tensor (0: off)
-    stall_shutdown_time: float = 0.0 #: seconds before failing it with StallError (0: never)
+    stall_shutdown_time: float = 600.0  #: seconds before failing it with StallError (0: never)
     timeline: str = ""               #: Chrome-trace JSON path ("" = off)
     device: int = -1                 #: CUDA device of this rank (-1: local_rank % number of GPUs)
     cuda_ipc: bool = False           #: one node: reduce straight from peers' GPU buffers (CUDA IPC)

@@ -128,8 +128,7 @@ class Engine:
                                            "wait for its handle before submitting the name again")
             self._inflight.add(name)
             self._queue.append(entry)
-        if self.negotiator.idle >= IDLE_CYCLES:
-            self._wake.set()                                  # cut a stretched idle cycle short
+        self._wake.set()          # start the next cycle now: a tensor should not wait out a sleep
         return handle
 
     def shutdown(self, timeout: float | None = None) -> None:
