@@ -1,0 +1,125 @@
+"""Shared-memory allreduce: the algorithm on thread ranks (exhaustive), race stress, errors, MPI."""
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from allreduce.algorithms import shm
+from allreduce.buffers import Workspace
+from allreduce.errors import PeerLostError, TransportError, TransportTimeoutError
+from allreduce.kernels.reference import allreduce_reference
+from allreduce.ops import SUPPORTED_DTYPES, Op
+from allreduce.transport import shared
+from allreduce.transport.threads import ThreadWorld, run_threads
+
+from .harness import assert_allreduce_ok, make_inputs, mpirun, run_algorithm
+
+
+def shm_with(slot_bytes):
+    return functools.partial(shm.allreduce, slot_bytes=slot_bytes)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 100, 1001])
+def test_edges_float32_sum(p, count):
+    inputs = make_inputs(np.random.default_rng(count * 10 + p), p, count, np.float32, Op.SUM)
+    # 16-byte windows: a 1001-element buffer streams through 251 windows, reusing both halves.
+    assert_allreduce_ok(run_algorithm(shm_with(16), inputs, Op.SUM), inputs, Op.SUM)
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(Op), ids=repr)
+def test_every_dtype_and_op(dtype, op):
+    for p in (2, 3):
+        inputs = make_inputs(np.random.default_rng(p), p, 37, dtype, op)
+        assert_allreduce_ok(run_algorithm(shm_with(24), inputs, op), inputs, op)
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 6), count=st.integers(0, 3000), dtype=st.sampled_from(SUPPORTED_DTYPES),
+       op=st.sampled_from(list(Op)), slot_bytes=st.sampled_from([8, 100, 4096, 1 << 20]))
+def test_generated(p, count, dtype, op, slot_bytes):
+    inputs = make_inputs(np.random.default_rng(count), p, count, dtype, op)
+    assert_allreduce_ok(run_algorithm(shm_with(slot_bytes), inputs, op), inputs, op)
+
+
+def stress(p, calls, fn, seed=0):
+    """``calls`` back-to-back allreduces of random sizes on one world, every result checked exactly.
+
+    Small integers make every summation order exact, so a result that read a
+    half-written or already-overwritten window cannot pass by luck.
+    """
+    rng = np.random.default_rng(seed)
+    plan = []
+    for i in range(calls):
+        count = int(rng.integers(0, 40)) if i % 8 else int(rng.integers(0, 1000))
+        op = [Op.SUM, Op.MAX, Op.AVERAGE, Op.MIN][i % 4]
+        dtype = [np.int32, np.float32, np.int8, np.float64][i % 4]
+        xs = [rng.integers(-3, 4, count).astype(dtype) for _ in range(p)]
+        plan.append((xs, op, allreduce_reference(xs, op)))
+
+    def body(comm):
+        workspace = Workspace()
+        for i, (xs, op, want) in enumerate(plan):
+            buf = xs[comm.rank].copy()
+            fn(comm, buf, op, workspace=workspace, segment_bytes=64)
+            if buf.tobytes() != want.tobytes():
+                at = np.flatnonzero(buf.view(np.uint8) != want.view(np.uint8))[0] // buf.itemsize
+                raise AssertionError(f"rank {comm.rank} call {i} ({buf.size} x {buf.dtype}, {op!r}): "
+                                     f"element {at} is {buf[at]}, want {want[at]}")
+    run_threads(p, body, timeout=60)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_stress_back_to_back_threads(p):
+    stress(p, 1000, shm_with(64), seed=p)
+
+
+def test_no_shared_memory_is_a_clear_error():
+    class Pipe:
+        rank, size = 0, 2
+    with pytest.raises(ValueError, match="offers no shared memory"):
+        shm.allreduce(Pipe(), np.ones(4, np.float32), Op.SUM, workspace=Workspace())
+
+
+def test_slot_smaller_than_an_element():
+    with pytest.raises(ValueError, match="smaller than one 8-byte element"):
+        run_algorithm(shm_with(4), [np.ones(3), np.ones(3)], Op.SUM)
+
+
+def test_a_rank_that_never_calls_times_out_and_segment_refuses_reuse():
+    world = ThreadWorld(2, timeout=0.5)
+    seen = {}
+
+    def body(comm):
+        if comm.rank == 1:
+            return None                                   # never joins the collective
+        buf = np.ones(10, np.float32)
+        with pytest.raises((TransportTimeoutError, PeerLostError)) as info:
+            shm.allreduce(comm, buf, Op.SUM, workspace=Workspace())
+        seen["timeout"] = str(info.value)
+        with pytest.raises(TransportError, match="unusable after an earlier failure"):
+            shm.allreduce(comm, buf, Op.SUM, workspace=Workspace())
+    run_threads(2, body, world=world, timeout=5)
+    assert "waiting for rank 1" in seen["timeout"]
+
+
+def test_segment_is_cached_on_the_transport():
+    def body(comm):
+        a = shared.attach(comm, 128)
+        b = shared.attach(comm, 128)
+        return a is b, a.regions[0] is not None
+    assert run_threads(2, body) == [(True, True), (True, True)]
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_mpi_stress(np_):
+    # 1000 calls of random sizes through 1 KiB windows (up to 80 per call), no barrier between calls.
+    out = mpirun(np_, "shm_stress.py", "shm", "1000", "1024", timeout=240)
+    assert out.stdout.count("shm allreduces OK") == np_
+
+
+def test_mpi_public_api():
+    out = mpirun(2, "api_check.py", "shm", timeout=240)
+    assert out.returncode == 0
