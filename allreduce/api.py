@@ -25,7 +25,7 @@ from .ops import Op
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter",
-           "broadcast_object", "allgather_object", "barrier",
+           "broadcast_object", "allgather_object", "barrier", "explain_choice",
            "allreduce_async", "grouped_allreduce", "synchronize"]
 
 _current: Communicator | None = None
@@ -72,7 +72,8 @@ def init(comm=None, **settings: Any) -> Communicator:
                                  "'multiple'); this MPI was initialised with a lower level. Set "
                                  "ALLREDUCE_ENGINE=0 to run without the engine.")
         try:   # its own duplicate communicator: engine messages never match the direct path's
-            _engine = Engine(MPITransport(transport.comm, timeout=config.timeout), config=config)
+            _engine = Engine(MPITransport(transport.comm, timeout=config.timeout), config=config,
+                         local_size=local_size)
         except BaseException:
             current.close()
             raise
@@ -238,6 +239,21 @@ def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:
 def allgather_object(obj: Any) -> list[Any]:
     """Every rank's picklable ``obj``, as a list in rank order."""
     return communicator().allgather_object(obj)
+
+
+def explain_choice(nbytes: int) -> str:
+    """What ``algorithm="auto"`` would pick for ``nbytes`` here, and every algorithm's predicted time.
+
+    Args:
+        nbytes: message size in bytes.
+
+    Returns:
+        A table as text, fastest first, with auto's choice marked.
+    """
+    from .algorithms.explain_choice import explain_choice as _explain
+    c = communicator()
+    return _explain(nbytes, c.size, local_size=c.local_size, path=c.config.costmodel,
+                    candidates=c.auto_candidates)
 
 
 def barrier() -> None:

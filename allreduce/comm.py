@@ -70,6 +70,16 @@ class Communicator:
     def local_size(self) -> int:
         return self._local[1]
 
+    @property
+    def auto_candidates(self) -> tuple[str, ...]:
+        """What ``algorithm="auto"`` chooses among on this transport and node layout."""
+        names = ["ring", "tree", "rhd", "rd"]
+        if getattr(self.transport, "comm", None) is not None:
+            names.append("mpi")                      # the MPI library's own: unbeatable latency
+            if self.local_size == self.size and self.size > 1:
+                names.append("shm")                  # one node: reduce straight from shared memory
+        return tuple(names)
+
     # -- the metadata check ----------------------------------------------------------
     def check_agreement(self, what: str, **fields: int) -> None:
         """Allgather ``fields`` and raise ``MismatchError`` on every rank if any differ.
@@ -108,7 +118,8 @@ class Communicator:
         self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                              algorithm=_ALGO_CODES[algorithm])
         if algorithm == "auto":
-            algorithm = select.choose(flat.nbytes, self.size, path=self.config.costmodel)
+            algorithm = select.choose(flat.nbytes, self.size, candidates=self.auto_candidates,
+                                      path=self.config.costmodel)
         run = algorithms.get(algorithm)
         run(transport or self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
 

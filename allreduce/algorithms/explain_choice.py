@@ -8,37 +8,19 @@
       algorithm     time (us)   a*alpha    b*n*beta   g*n*gamma   note
       ring           ...
 
-The message-passing algorithms use the alpha-beta-gamma model and fitted
-constants of :mod:`.select`. ``shm`` and ``hierarchical`` have no messages
-inside a node, so their model is the one in their docstrings:
-
-    shm:           T = 2 ceil(n/W) sync  +  (7p-5)/p * n / B_mem
-    hierarchical:  T = T_shm(n, L)  +  ring over N nodes on n/L bytes
-
-with ``sync`` (one flag hand-off) and ``B_mem`` (bytes read + written per
-second) from ``SHM_DEFAULTS`` below. ``auto`` itself still chooses among
-``select.choose``'s candidates; the table marks its choice with ``<- auto``.
+Every algorithm, ``shm`` included, uses the constants of :mod:`.select`
+(fitted per machine by ``benchmarks/fit_costmodel.py``). ``shm`` sends no
+messages, so its "alpha" is one flag hand-off per window and its "gamma" the
+memory traffic; ``hierarchical`` is ``shm`` inside a node plus a ring across
+nodes on n/L bytes. ``auto``'s choice is marked ``<- auto``.
 """
 from __future__ import annotations
 
 import math
 
 from . import select
-from .shm import SLOT_BYTES
 
-__all__ = ["predictions", "explain_choice", "SHM_DEFAULTS"]
-
-# Measured on the 2-core development VM: a flag hand-off between two spinning
-# processes, and np.copyto bandwidth (read + write) of a 128 MiB buffer.
-SHM_DEFAULTS = {"sync": 10e-6, "bmem": 5.0e9}
-
-
-def _shm_time(nbytes: int, p: int) -> float:
-    if p <= 1 or nbytes == 0:
-        return 0.0
-    windows = math.ceil(nbytes / SLOT_BYTES)
-    return 2 * windows * SHM_DEFAULTS["sync"] + (7 * p - 5) / p * nbytes / SHM_DEFAULTS["bmem"]
-
+__all__ = ["predictions", "explain_choice"]
 
 def predictions(nbytes: int, p: int, *, local_size: int | None = None,
                 path: str = "") -> dict[str, tuple[float, str]]:
@@ -57,16 +39,18 @@ def predictions(nbytes: int, p: int, *, local_size: int | None = None,
     nodes = math.ceil(p / local)
     out: dict[str, tuple[float, str]] = {}
     for name in select.DEFAULTS:
-        out[name] = (select.predict(name, nbytes, p, path=path), "alpha-beta-gamma, fitted")
-    if nodes == 1:
-        out["shm"] = (_shm_time(nbytes, p), "shared memory: syncs + bytes moved / B_mem")
+        if name == "shm" and nodes > 1:
+            continue
+        note = "syncs + bytes moved, fitted" if name == "shm" else "alpha-beta-gamma, fitted"
+        out[name] = (select.predict(name, nbytes, p, path=path), note)
     cross = select.predict("ring", math.ceil(nbytes / local), nodes, path=path) if nodes > 1 else 0.0
-    out["hierarchical"] = (_shm_time(nbytes, local) + cross,
+    out["hierarchical"] = (select.predict("shm", nbytes, local, path=path) + cross,
                            f"shm in {nodes} node(s) of {local} + ring across nodes on n/{local}")
     return out
 
 
-def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: str = "") -> str:
+def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: str = "",
+                   candidates: tuple[str, ...] = ("ring", "tree", "rhd", "rd")) -> str:
     """A table of every algorithm's predicted time for one allreduce, fastest first.
 
     Args:
@@ -74,11 +58,12 @@ def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: 
         p: number of ranks.
         local_size: ranks per node (default: all ``p`` on one node).
         path: fitted cost-model file ("" = the per-machine cache).
+        candidates: what ``auto`` chooses among (``Communicator.auto_candidates``).
 
     Returns:
         The table as text (one line per algorithm), with ``auto``'s choice marked.
     """
-    chosen = select.choose(nbytes, p, path=path) if p > 1 else None
+    chosen = select.choose(nbytes, p, candidates=candidates, path=path) if p > 1 else None
     local = p if local_size is None else max(1, min(local_size, p))
     lines = [f"allreduce of {nbytes} bytes on {p} ranks ({math.ceil(p / local)} node(s) of up to {local}): "
              "predicted time per algorithm",

@@ -34,7 +34,11 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "rhd":  {"alpha": 22e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
     "rd":   {"alpha": 15e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
     "mpi":  {"alpha": 3e-6,  "beta": 0.30e-9, "gamma": 0.20e-9},
+    # shm sends no messages: alpha is one flag hand-off, gamma the memory traffic per byte.
+    "shm":  {"alpha": 10e-6, "beta": 0.0,     "gamma": 0.20e-9},
 }
+
+SHM_WINDOW_BYTES = 4 << 20   # shm.SLOT_BYTES, repeated here so this module imports no algorithm
 
 
 def terms(algorithm: str, p: int, nbytes: int | None = None,
@@ -65,6 +69,10 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
         return 2 * stages, 2 * stages / s, stages / s
     if algorithm == "mpi":
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
+    if algorithm == "shm":
+        # Two flag hand-offs per window; each rank reads and writes (7p-5)/p bytes per byte of input.
+        windows = max(1, math.ceil((nbytes or 0) / SHM_WINDOW_BYTES))
+        return 2 * windows, 0.0, (7 * p - 5) / p
     raise ValueError(f"no cost model for algorithm {algorithm!r}")
 
 
@@ -96,5 +104,9 @@ def predict(algorithm: str, nbytes: int, p: int, *, path: str = "") -> float:
 
 
 def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), path: str = "") -> str:
-    """The candidate with the smallest predicted time (ties go to the earlier name)."""
+    """The candidate with the smallest predicted time (ties go to the earlier name).
+
+    ``Communicator.auto_candidates`` adds ``mpi`` on the MPI transport and
+    ``shm`` when every rank shares one node.
+    """
     return min(candidates, key=lambda name: predict(name, nbytes, p, path=path))

@@ -66,15 +66,16 @@ class Engine:
     Args:
         transport: this rank's transport; the engine owns it from now on and closes it.
         config: settings (``cycle_time``, ``fusion_threshold``, ``timeline``, ...).
+        local_size: ranks on this node (default: all), for ``auto``'s choice of ``shm``.
     """
 
-    def __init__(self, transport: Transport, *, config: Config | None = None):
+    def __init__(self, transport: Transport, *, config: Config | None = None, local_size: int | None = None):
         self.config = config = config or Config()
         self.rank, self.size = transport.rank, transport.size
         self.timeline = Timeline(timeline_path(config.timeline, self.rank), self.rank) \
             if config.timeline else None
         self.transport = TimelineTransport(transport) if self.timeline else transport
-        self.comm = Communicator(self.transport, config=config)
+        self.comm = Communicator(self.transport, config=config, local_size=local_size)
         self.negotiator = Negotiator(self.rank, self.size, self._allreduce, self.comm.allgather_object,
                                      capacity=config.cache_capacity)
         self.fusion = Fusion(self.rank, self.size, self._allreduce, self.comm.workspace, self.timeline,
@@ -229,7 +230,8 @@ class Engine:
         """Reduce ``buf`` in place with the configured algorithm; return the algorithm's name."""
         name = self.config.algorithm
         if name == "auto":
-            name = select.choose(buf.nbytes, self.size, path=self.config.costmodel)
+            name = select.choose(buf.nbytes, self.size, candidates=self.comm.auto_candidates,
+                                 path=self.config.costmodel)
         algorithms.get(name)(self.transport, buf, op, workspace=self.comm.workspace,
                              segment_bytes=self.config.segment_bytes)
         return name
