@@ -59,6 +59,7 @@ def init(comm=None, **settings: Any) -> Communicator:
     from .transport.mpi import MPITransport
     config = Config.from_env(**settings)
     transport = MPITransport(comm, timeout=config.timeout)
+    transport.fake_node_size = config.fake_node_size      # hierarchical's node layout, for testing
     local_rank, local_size = _node_layout(transport.comm, config.fake_node_size)
     from . import faults
     faults.install(transport.rank, transport.size)   # an uncaught exception aborts every rank, naming this one
@@ -72,8 +73,9 @@ def init(comm=None, **settings: Any) -> Communicator:
                                  "'multiple'); this MPI was initialised with a lower level. Set "
                                  "ALLREDUCE_ENGINE=0 to run without the engine.")
         try:   # its own duplicate communicator: engine messages never match the direct path's
-            _engine = Engine(MPITransport(transport.comm, timeout=config.timeout), config=config,
-                         local_size=local_size)
+            engine_transport = MPITransport(transport.comm, timeout=config.timeout)
+            engine_transport.fake_node_size = config.fake_node_size
+            _engine = Engine(engine_transport, config=config, local_size=local_size)
         except BaseException:
             current.close()
             raise

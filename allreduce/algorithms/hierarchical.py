@@ -38,7 +38,7 @@ Each rank sends 2 (N-1)/N * n/L bytes over the network: L times less than a
 flat ring over all N*L ranks, the reason to be hierarchical.
 
 Node layout (decided once per transport): ``node_size`` if given, else the
-transport's ``fake_node_size`` attribute if it has one, else
+transport's ``fake_node_size`` attribute, which ``ar.init()`` sets from
 ``Config.fake_node_size`` (``ALLREDUCE_FAKE_NODE_SIZE``: nodes of that many
 consecutive ranks, as ``ar.local_rank()`` reports), else the real layout
 (MPI ``COMM_TYPE_SHARED``; all thread ranks form one node).
@@ -107,10 +107,7 @@ class Layout:
 def _node_ids(comm: Transport, node_size: int) -> list[int]:
     """The node of every rank, the same list on every rank."""
     if not node_size:
-        node_size = getattr(comm, "fake_node_size", None)
-        if node_size is None:                       # read once per transport: the layout is cached
-            from ..config import Config
-            node_size = Config.from_env().fake_node_size
+        node_size = getattr(comm, "fake_node_size", 0)   # set by ar.init() from Config.fake_node_size
     if node_size:
         return [r // node_size for r in range(comm.size)]
     if getattr(comm, "world", None) is not None:
