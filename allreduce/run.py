@@ -53,13 +53,18 @@ _EXIT_PATTERN = re.compile(r"Exit code:\s+(\d+)")
 def failed_rank(lines: list[str]) -> tuple[int | None, str]:
     """``(rank, detail)`` of the first failed rank mpirun reported in ``lines``, if any."""
     rank, detail = None, ""
-    for line in lines:
+    for i, line in enumerate(lines):
         for pattern in _RANK_PATTERNS:
             match = pattern.search(line)
             if match and rank is None:
                 rank = int(match.group(1))
-                if "signal" in line:
-                    detail = line.strip().split(" exited ", 1)[-1]
+                if "MPI_ABORT" in line:
+                    detail = "called MPI_Abort"
+                else:                          # Open MPI puts "exited on signal 9 (Killed)" here or next
+                    for text in lines[i:i + 2]:
+                        if "signal" in text:
+                            detail = "exited on signal" + text.split("signal", 1)[1].rstrip(". \n")
+                            break
         match = _EXIT_PATTERN.search(line)
         if match and rank is not None and not detail:
             detail = f"exit code {match.group(1)}"
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     relay_thread.join(5)
     if code != 0:
         rank, detail = failed_rank(seen)
-        who = f"rank {rank} failed first ({detail})" if rank is not None else "a rank failed"
+        who = "a rank failed" if rank is None else f"rank {rank} failed first" + (f" ({detail})" if detail else "")
         sys.stderr.write(f"allreduce-run: the job failed: {who}; mpirun exited with {code}\n")
     if code < 0:                       # killed by a signal: report it the shell way
         return 128 - code

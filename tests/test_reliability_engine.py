@@ -99,18 +99,19 @@ def test_array_resized_while_in_flight_is_refused_by_numpy():
         _still_usable(engs)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: Entry (engine/handle.py) keeps a view of the caller's array "
-                   "and packs it later, so a write between submit and pack changes the result silently; "
-                   "copy at submit or mark the array read-only while in flight (see RELIABILITY.md)")
-def test_array_written_while_in_flight_does_not_change_the_result():
+def test_array_written_while_in_flight_raises_instead_of_changing_the_result():
     with engines(2) as engs:
         x = np.full(4, 1.0)
         h0 = engs[0].submit(x, name="written", op=Op.SUM)
-        x[:] = 5.0                             # before rank 1 submits: the tensor cannot be packed yet
+        with pytest.raises(ValueError, match="read-only"):
+            x[:] = 5.0                         # the engine has not read x yet: the write is refused
         h1 = engs[1].submit(np.full(4, 1.0), name="written", op=Op.SUM)
         results = [h0.wait(20), h1.wait(20)]
         assert results[0].tobytes() == results[1].tobytes()
-        assert results[0].tolist() == [2.0] * 4, f"got {results[0]}: the write after submit was reduced"
+        assert results[0].tolist() == [2.0] * 4
+        assert x.flags.writeable               # given back once the handle is done
+        x[:] = 5.0
+        _still_usable(engs)
 
 
 # -- layouts and flags --------------------------------------------------------------------------
@@ -226,9 +227,6 @@ def test_compressor_that_raises_fails_that_tensor_on_every_rank():
         _still_usable(engs)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: an exception inside Fusion.run (engine/engine.py _cycle) kills "
-                   "the engine thread, and the handles of the batch being reduced were already popped from "
-                   "`pending`, so _fail_all never fails them: wait() without a timeout hangs for ever")
 @pytest.mark.parametrize("kind", ["complex-payload", "none-payload", "decompress-raises"])
 def test_compressor_with_bad_payload_fails_that_tensor_not_the_engine(kind):
     with engines(2) as engs:

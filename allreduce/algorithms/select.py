@@ -26,16 +26,17 @@ from pathlib import Path
 __all__ = ["choose", "predict", "terms", "constants", "DEFAULTS", "default_path"]
 
 # Seconds per message (alpha), per byte sent (beta), per byte reduced (gamma).
-# Measured with benchmarks/allreduce_bench.py at -np 2 on a 2-core x86-64 VM
-# (shared-memory MPI); refit on your machine with benchmarks/fit_costmodel.py.
+# Fitted by benchmarks/fit_costmodel.py from the BENCHMARKS.md run (-np 2 and 4,
+# 16 B..64 MiB) on a 2-core x86-64 VM with shared-memory Open MPI 5; gamma is the
+# measured reduction kernel. Refit on your machine: the fit goes to default_path().
 DEFAULTS: dict[str, dict[str, float]] = {
-    "ring": {"alpha": 25e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
-    "tree": {"alpha": 20e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
-    "rhd":  {"alpha": 22e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
-    "rd":   {"alpha": 15e-6, "beta": 0.25e-9, "gamma": 0.15e-9},
-    "mpi":  {"alpha": 3e-6,  "beta": 0.30e-9, "gamma": 0.20e-9},
+    "ring": {"alpha": 36e-6, "beta": 0.39e-9, "gamma": 0.12e-9},
+    "tree": {"alpha": 40e-6, "beta": 0.61e-9, "gamma": 0.12e-9},
+    "rhd":  {"alpha": 22e-6, "beta": 0.50e-9, "gamma": 0.12e-9},
+    "rd":   {"alpha": 30e-6, "beta": 0.67e-9, "gamma": 0.12e-9},
+    "mpi":  {"alpha": 9.6e-6, "beta": 0.47e-9, "gamma": 0.12e-9},
     # shm sends no messages: alpha is one flag hand-off, gamma the memory traffic per byte.
-    "shm":  {"alpha": 10e-6, "beta": 0.0,     "gamma": 0.20e-9},
+    "shm":  {"alpha": 15e-6, "beta": 0.0,     "gamma": 0.12e-9},
 }
 
 SHM_WINDOW_BYTES = 4 << 20   # shm.SLOT_BYTES, repeated here so this module imports no algorithm

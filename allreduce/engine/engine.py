@@ -42,8 +42,8 @@ from .. import algorithms
 from ..algorithms import select
 from ..comm import Communicator
 from ..config import Config
-from ..errors import AllreduceError, InvalidArgumentError, ShutdownError
-from ..ops import Op, as_op, check_dtype
+from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
+from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
 from ..transport.base import Transport
 from .compression import check_compressor
 from .fusion import Fusion, plan
@@ -197,8 +197,7 @@ class Engine:
         for batch in plan(ready, self.config.fusion_threshold):
             if self.timeline is not None:
                 self.timeline.spans([e.name for e in batch.entries], "WAIT_FOR_BATCH", agreed, time.monotonic())
-            for entry, result in self.fusion.run(batch):
-                self._finish(entry, result)
+            self._run_batch(batch)
         if out.shutdown:
             with self._lock:
                 self._stopping = True
@@ -206,6 +205,23 @@ class Engine:
                     self._stopped = ShutdownError("shut down by ar.shutdown() on this or a peer rank")
             return True
         return False
+
+    def _run_batch(self, batch) -> None:
+        """Reduce one fused batch; an error fails that batch's handles, never leaves them waiting."""
+        done: set[int] = set()
+        try:
+            for entry, result in self.fusion.run(batch):
+                done.add(id(entry))
+                self._finish(entry, result)
+        except Exception as exc:  # noqa: BLE001 - every handle of the batch must hear about it
+            error = exc if isinstance(exc, AllreduceError) else AllreduceError(
+                f"rank {self.rank}: reducing {', '.join(repr(e.name) for e in batch.entries[:4])} failed: "
+                f"{type(exc).__name__}: {exc}")
+            for entry in batch.entries:
+                if id(entry) not in done:
+                    self._finish(entry, error)
+            if isinstance(exc, TransportError):
+                raise                         # the ranks may be out of step: stop the engine everywhere
 
     def _drain(self) -> None:
         with self._lock:
@@ -220,6 +236,12 @@ class Engine:
                     payload, entry.ctx = entry.compressor.compress(entry.array)
                 except Exception as exc:  # noqa: BLE001 - reported on the handle
                     self._finish(entry, exc)
+                    continue
+                if not isinstance(payload, np.ndarray) or payload.dtype not in SUPPORTED_DTYPES:
+                    self._finish(entry, TypeError(
+                        f"rank {self.rank}: compressor {entry.compressor.name!r} returned a "
+                        f"{type(payload).__name__}{'' if payload is None else ' of ' + str(getattr(payload, 'dtype', '?'))}"
+                        f" for tensor {entry.name!r}; a payload must be a numpy array of a supported dtype"))
                     continue
                 entry.payload = np.ascontiguousarray(payload).reshape(-1)
                 entry.meta = entry.meta[:3] + (f"{entry.compressor.name} -> {entry.payload.dtype}"
@@ -237,6 +259,7 @@ class Engine:
         return name
 
     def _finish(self, entry: Entry, result) -> None:
+        entry.release()
         with self._lock:
             self._inflight.discard(entry.name)
         if isinstance(result, BaseException):

@@ -79,14 +79,29 @@ class Entry:
     """One submitted tensor inside the engine (owned by the engine thread after submit)."""
 
     __slots__ = ("name", "array", "flat", "op", "compressor", "handle", "meta", "payload", "ctx",
-                 "submitted", "announced", "seen")
+                 "submitted", "announced", "seen", "locked")
 
     def __init__(self, name: str, array: np.ndarray, op: Op, compressor, handle: Handle):
         self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
         self.flat = np.ascontiguousarray(array).reshape(-1)
+        # The engine reads the caller's memory only when every rank is ready, so a write in
+        # between would change the result silently: make the array read-only until then
+        # (a write raises "assignment destination is read-only"). A copy needs no lock.
+        self.locked = array.flags.writeable and np.may_share_memory(self.flat, array)
+        if self.locked:
+            array.flags.writeable = False
         self.meta: Meta = (tuple(array.shape), array.dtype.name, int(op), compressor.name)
         self.payload: np.ndarray | None = None   # a custom compressor's output, made at drain time
         self.ctx: Any = None
         self.submitted = time.monotonic()
         self.announced = False                   # sent through the slow path (uncached names)
         self.seen: set[int] = set()              # ranks known ready (timeline ticks)
+
+    def release(self) -> None:
+        """Give the caller its array back (writeable again, if it was)."""
+        if self.locked:
+            self.locked = False
+            try:
+                self.array.flags.writeable = True
+            except ValueError:                   # its base became read-only meanwhile: leave it
+                pass

@@ -36,6 +36,8 @@ resolved this cycle in table order. Both are the same on every rank.
 """
 from __future__ import annotations
 
+import heapq
+
 import time
 from typing import Callable
 
@@ -96,6 +98,7 @@ class Negotiator:
         self.capacity = capacity
         self.words = -(-size // _BITS)
         self.names: list[str | None] = []        # cache position -> name (None: free)
+        self.free: list[int] = []                # freed positions, reused lowest first (heap)
         self.metas: list[Meta | None] = []
         self.positions: dict[str, int] = {}
         self.table: dict[str, dict[int, Meta]] = {}   # announced, uncached names -> rank -> meta
@@ -199,14 +202,14 @@ class Negotiator:
                 pos = self.positions.pop(name, None)
                 if pos is not None:                          # cached name with new metadata: evict
                     self.names[pos] = self.metas[pos] = None
+                    heapq.heappush(self.free, pos)
                 self.table.setdefault(name, {})[rank] = tuple(meta)
 
     def _insert(self, name: str, meta: Meta) -> None:
         if name in self.positions:
             return
-        for pos, old in enumerate(self.names):              # reuse the first free position
-            if old is None:
-                break
+        if self.free:                                       # reuse the lowest free position: O(log n)
+            pos = heapq.heappop(self.free)
         else:
             if len(self.names) >= self.capacity:
                 return                                      # cache full: this name stays on the slow path
