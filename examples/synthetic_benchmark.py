@@ -45,7 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-batches-per-iter", type=int, default=10)
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--compare-mwms", action="store_true", help="also time MultiWorkerMirroredStrategy")
-    parser.add_argument("--json", help="write the results here (used by --scaling)")
+    parser.add_argument("--json", help="write the results here (with --scaling: every world size's)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TF intra- and inter-op threads per rank (0: TF's default, all cores)")
     parser.add_argument("--scaling", help="comma-separated world sizes: run mpirun for each and compare")
     return parser.parse_args(argv)
 
@@ -101,6 +103,9 @@ def run(args) -> dict:
     import numpy as np
     import tensorflow as tf
     import tfops as hvd
+    if args.threads:                               # before TF's context exists (MWMS creates it)
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     if args.compare_mwms and size > 1:
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING)
@@ -197,7 +202,7 @@ def summarize(rates, size, label, say) -> dict:
 def scaling(args, argv) -> None:
     """Run this script under mpirun for each world size and print the efficiency table."""
     sizes = [int(n) for n in args.scaling.split(",")]
-    skip = {"--scaling"}
+    skip = {"--scaling", "--json"}
     child = [a for i, a in enumerate(argv) if a not in skip and (i == 0 or argv[i - 1] not in skip)]
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,6 +223,9 @@ def scaling(args, argv) -> None:
         print(line)
     print(f"(efficiency = total img/s / (np * img/s of tfops at np={sizes[0]}); "
           f"command: python {os.path.relpath(__file__)} {' '.join(argv)})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": argv, "sizes": sizes, "runs": {str(n): rows[n] for n in sizes}}, f, indent=1)
 
 
 def main(argv=None) -> None:

