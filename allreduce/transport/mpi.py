@@ -17,35 +17,32 @@ terminates the job.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
-
-# Open MPI busy-polls inside blocking calls; with an engine thread beside the training
-# thread on every rank that steals a core (measured: tfops at -np 2 on 2 cores, 314 ->
-# 1152 images/s). Must be set before MPI starts; an explicit user setting wins.
-os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
 from ..errors import TransportTimeoutError
 from .base import Transport
 
 __all__ = ["MPITransport"]
 
-_SPINS = 200    # polls (~0.1 ms) before yielding the core: a small message on one node lands
-                # within these; spinning longer starves the training thread on a busy core
+SPINS = 2000    # polls (~1 ms) before yielding the core: a small message on one node lands within
+                # these. The engine's transport spins far less (ENGINE_SPINS): its waits are often for
+                # a peer that is still computing, and spinning there starves the training thread.
+ENGINE_SPINS = 100
 
 
 class _Request:
     __slots__ = ("raw", "transport", "peer", "kind")
+
 
     def __init__(self, raw: MPI.Request, transport: "MPITransport", peer: int, kind: str):
         self.raw, self.transport, self.peer, self.kind = raw, transport, peer, kind
 
     def wait(self) -> None:
         raw = self.raw
-        for _ in range(_SPINS):
+        for _ in range(self.transport.spins):
             if raw.Test():
                 return
         self.transport._wait_slow(lambda: raw.Test(), [self])
@@ -59,13 +56,15 @@ def _bytes(buf: np.ndarray):
 class MPITransport(Transport):
     """Point-to-point messaging over ``comm`` (default ``COMM_WORLD``)."""
 
-    def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True, timeout: float = 30.0):
+    def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True, timeout: float = 30.0,
+                 spins: int = SPINS):
         base = MPI.COMM_WORLD if comm is None else comm
         self.comm = base.Dup() if dup else base
         self._owned = dup
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.timeout = timeout
+        self.spins = spins
 
     def _wait_slow(self, done, requests) -> None:
         deadline = time.monotonic() + self.timeout
@@ -92,7 +91,7 @@ class MPITransport(Transport):
 
     def wait_all(self, requests):
         raws = [r.raw for r in requests]
-        for _ in range(_SPINS):
+        for _ in range(self.spins):
             if MPI.Request.Testall(raws):
                 return
         self._wait_slow(lambda: MPI.Request.Testall(raws), requests)
