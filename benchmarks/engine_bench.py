@@ -1,0 +1,218 @@
+"""What the engine's features buy, measured against the plain blocking path in the same run.
+
+::
+
+    mpirun -np 2 python benchmarks/engine_bench.py [--modes fusion,compression,resnet50,latency] [--json out.json]
+
+=============  ==================================================================
+mode           compares
+=============  ==================================================================
+fusion         1000 tensors of 4 KiB: ``allreduce_async`` on all, then wait (the
+               engine fuses them into few allreduces) vs 1000 blocking
+               ``allreduce_`` calls (and ``grouped_allreduce`` when present)
+compression    one bandwidth-bound float32 tensor: Compression.none / fp16 /
+               bf16 through the engine; time and max relative error
+resnet50       one training step's 161 gradients (25.6M float32, resnet50_shapes)
+               through the engine vs one raw allreduce of the same bytes
+latency        one 4-byte tensor: ``allreduce_async(...).wait()`` round trip
+               vs one blocking ``allreduce_``
+=============  ==================================================================
+
+Timing as in allreduce_bench.py: warm up, barrier, ``-n`` repetitions, the
+slowest rank's mean. The direct path runs with ``check=False``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+from benchmarks.resnet50_shapes import SHAPES  # noqa: E402
+
+MODES = ("fusion", "compression", "resnet50", "latency")
+_COLS = (("mode", 11), ("variant", 17), ("size(B)", 11), ("tensors", 7), ("time(us)", 11), ("algbw", 7),
+         ("busbw", 7), ("relerr", 9))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="engine benchmarks (run under mpirun)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("-n", "--iters", type=int, default=5)
+    parser.add_argument("-w", "--warmup_iters", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="time -n calls this many times; keep the fastest")
+    parser.add_argument("--tensors", type=int, default=1000, help="fusion: number of tensors")
+    parser.add_argument("--tensor-bytes", type=common.parse_size, default=4096, help="fusion: bytes per tensor")
+    parser.add_argument("--compress-sizes", default="4M,32M", help="compression: comma list of sizes")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    args.mode_list = [m for m in args.modes.split(",") if m]
+    unknown = set(args.mode_list) - set(MODES)
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")
+    args.compress_list = [common.parse_size(s) for s in args.compress_sizes.split(",") if s]
+    return args
+
+
+def timed(fn, args, mpi) -> float:
+    """Slowest rank's mean seconds per ``fn()`` after warmup (each rank's fastest of --repeats blocks)."""
+    for _ in range(args.warmup_iters):
+        fn()
+    best = float("inf")
+    for _ in range(args.repeats):
+        mpi.Barrier()
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            fn()
+        best = min(best, (time.perf_counter() - start) / args.iters)
+    return mpi.allreduce(best, op=_mpi_max())
+
+
+def _record(mode: str, variant: str, nbytes: int, tensors: int, seconds: float, p: int,
+            relerr: float | None = None) -> dict:
+    algbw, busbw = common.bandwidths(nbytes, seconds, "allreduce", p)
+    return {"mode": mode, "collective": "allreduce", "size_bytes": nbytes, "count": nbytes // 4,
+            "dtype": "float32", "op": "avg", "algorithm": variant, "ranks": p, "tensors": tensors,
+            "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw, "wrong": None,
+            "max_rel_err": relerr}
+
+
+def _wait_all(handles) -> None:
+    for h in handles:
+        h.wait()
+
+
+def bench_fusion(ar, args, mpi) -> list[dict]:
+    p, count = mpi.Get_size(), max(args.tensor_bytes // 4, 1)
+    grads = [np.ones(count, np.float32) for _ in range(args.tensors)]
+    names = [f"fusion.{i}" for i in range(args.tensors)]
+    comm, total = ar.communicator(), args.tensors * count * 4
+
+    def engine():
+        _wait_all([ar.allreduce_async(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
+
+    def unfused():
+        for g in grads:
+            comm.allreduce_(g, ar.Average)
+
+    out = [_record("fusion", "engine", total, args.tensors, timed(engine, args, mpi), p),
+           _record("fusion", "unfused-blocking", total, args.tensors, timed(unfused, args, mpi), p)]
+    if hasattr(ar, "grouped_allreduce"):
+        grouped = lambda: ar.grouped_allreduce(grads, name="grouped", op=ar.Average)  # noqa: E731
+        out.append(_record("fusion", "grouped", total, args.tensors, timed(grouped, args, mpi), p))
+    return out
+
+
+def _rel_err(got: np.ndarray, exact: np.ndarray) -> float:
+    """max |got - exact| / max |exact|: the error relative to the tensor's scale (near-zero entries allowed)."""
+    return float(np.max(np.abs(got.astype(np.float64) - exact)) / max(np.max(np.abs(exact)), 1e-300))
+
+
+def bench_compression(ar, args, mpi) -> list[dict]:
+    p, rank, out = mpi.Get_size(), mpi.Get_rank(), []
+    for nbytes in args.compress_list:
+        count = nbytes // 4
+        inputs = [np.random.default_rng(r).standard_normal(count).astype(np.float32) for r in range(p)]
+        exact = np.mean([x.astype(np.float64) for x in inputs], axis=0)
+        mine = inputs[rank]
+        for label in ("none", "fp16", "bf16"):
+            compression = getattr(ar.Compression, label)
+            result = ar.allreduce_async(mine, name=f"compress.{nbytes}", op=ar.Average,
+                                        compression=compression).wait()
+            err = mpi.allreduce(_rel_err(result, exact), op=_mpi_max())
+            run = lambda: ar.allreduce_async(mine, name=f"compress.{nbytes}", op=ar.Average,  # noqa: E731
+                                             compression=compression).wait()
+            out.append(_record("compression", label, nbytes, 1, timed(run, args, mpi), p, err))
+    return out
+
+
+def _mpi_max():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
+def bench_resnet50(ar, args, mpi) -> list[dict]:
+    p = mpi.Get_size()
+    grads = [np.ones(shape, np.float32) for _, shape in SHAPES]
+    names = [name for name, _ in SHAPES]
+    flat = np.ones(sum(g.size for g in grads), np.float32)
+    comm, total = ar.communicator(), flat.nbytes
+
+    def step():
+        _wait_all([ar.allreduce_async(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
+
+    return [_record("resnet50", "engine-161", total, len(grads), timed(step, args, mpi), p),
+            _record("resnet50", "raw-allreduce", total, 1, timed(lambda: comm.allreduce_(flat, ar.Average),
+                                                                 args, mpi), p)]
+
+
+def bench_latency(ar, args, mpi) -> list[dict]:
+    p, x, comm = mpi.Get_size(), np.ones(1, np.float32), ar.communicator()
+    engine = lambda: ar.allreduce_async(x, name="latency", op=ar.Average).wait()  # noqa: E731
+    direct = lambda: comm.allreduce_(x, ar.Average)  # noqa: E731
+    reps = argparse.Namespace(iters=max(args.iters, 50), warmup_iters=max(args.warmup_iters, 5),
+                              repeats=args.repeats)
+    return [_record("latency", "engine-roundtrip", 4, 1, timed(engine, reps, mpi), p),
+            _record("latency", "blocking", 4, 1, timed(direct, reps, mpi), p)]
+
+
+def format_table(records: list[dict]) -> list[str]:
+    lines = ["#" + " ".join(f"{n:>{w}}" for n, w in _COLS)]
+    for r in records:
+        err = "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.2e}"
+        cells = (r["mode"], r["algorithm"], r["size_bytes"], r["tensors"], f"{r['time_us']:.1f}",
+                 f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}", err)
+        lines.append(" " + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, _COLS)))
+    return lines
+
+
+def ratios(records: list[dict]) -> list[str]:
+    """One '#' line per mode: how the engine compares with its baseline."""
+    t = {(r["mode"], r["algorithm"]): r["time_us"] for r in records}
+    out = []
+    for mode, fast, base in (("fusion", "engine", "unfused-blocking"), ("resnet50", "engine-161", "raw-allreduce"),
+                             ("latency", "engine-roundtrip", "blocking")):
+        if (mode, fast) in t and (mode, base) in t:
+            out.append(f"# {mode}: {fast} / {base} time = {t[(mode, fast)] / t[(mode, base)]:.2f}x")
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI
+    import allreduce as ar
+    missing = [f for f in ("allreduce_async", "Compression") if not hasattr(ar, f)]
+    if missing:
+        print(f"engine_bench: allreduce has no {', '.join(missing)} yet (the engine API is not in this tree)",
+              file=sys.stderr)
+        return 2
+    mpi = MPI.COMM_WORLD
+    ar.init(check=False)
+    command = common.command_line()
+    desc = common.machine_description()
+    records = []
+    for mode in args.mode_list:
+        if mpi.Get_rank() == 0:
+            print(f"[engine-bench] {mode}", file=sys.stderr, flush=True)
+        records += globals()[f"bench_{mode}"](ar, args, mpi)
+    if mpi.Get_rank() == 0:
+        lines = [f"# engine benchmark: {mpi.Get_size()} ranks, float32, op avg", f"# command: {command}"]
+        lines += common.machine_header(desc)
+        lines += [f"# time = slowest rank's mean over -n {args.iters} after -w {args.warmup_iters} warmup"
+                  f" (latency: -n 50 -w 5 at least), fastest of --repeats {args.repeats}; "
+                  "relerr = max|got - exact| / max|exact| (float64 exact mean)"]
+        print("\n".join(lines + format_table(records) + ratios(records)), flush=True)
+        if args.json:
+            common.write_json(args.json, {"command": command, "machine": desc, "ranks": mpi.Get_size(),
+                                          "collective": "allreduce", "dtype": "float32", "op": "avg"}, records)
+    ar.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

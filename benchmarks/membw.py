@@ -1,0 +1,97 @@
+"""The physical bound: this machine's memory bandwidth, and how fast a reduction kernel runs.
+
+On one machine every allreduce byte lives in the same DRAM. With p ranks
+each holding S bytes, at least the p inputs must be read and the p outputs
+written: 2 p S bytes through memory. So
+
+    t >= 2 p S / B_mem      and      algbw = S / t <= B_mem / (2 p)
+
+where B_mem counts bytes read plus bytes written. It bounds messages that
+live in DRAM; one that fits in the caches (tens of KiB to a few MiB) can
+beat it, which is why the bound matters at the large sizes. B_mem is measured with
+the largest copy numpy does at memory speed (``np.copyto``, 256 MiB by
+default, best of several); a copy of n bytes moves 2n bytes.
+
+``reduce_gamma`` measures the cost-model constant gamma (seconds per byte
+reduced) with the library's own kernel, for ``fit_costmodel.py``: beta and
+gamma always appear together as ``b*n*beta + g*n*gamma`` with b/g fixed per
+algorithm, so no timing of an allreduce alone can separate them.
+
+Run alone: ``python benchmarks/membw.py [--mib 256]``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+__all__ = ["copy_bandwidth", "reduce_gamma", "allreduce_bound"]
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 5) -> float:
+    """Bytes per second moved (read + written) by the best of ``repeats`` copies of ``nbytes``.
+
+    Args:
+        nbytes: size of the copied buffer; use well beyond the last-level cache.
+        repeats: how many copies to time; the fastest counts.
+
+    Returns:
+        B_mem in bytes/s.
+    """
+    src = np.ones(max(nbytes // 8, 1), dtype=np.float64)
+    dst = np.empty_like(src)
+    dst.fill(0.0)                     # touch every page before timing (zeros_like maps them lazily)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best
+
+
+def reduce_gamma(nbytes: int = 32 << 20, *, dtype=np.float32, repeats: int = 5) -> float:
+    """Seconds per byte of ``kernels.reduce_into(dst, src, Sum)`` (best of ``repeats``).
+
+    Args:
+        nbytes: bytes of each operand.
+        dtype: element type reduced.
+        repeats: how many reductions to time; the fastest counts.
+
+    Returns:
+        gamma in s/byte, per byte of one operand (what the cost model's n counts).
+    """
+    from allreduce import kernels
+    from allreduce.ops import Op
+    count = max(nbytes // np.dtype(dtype).itemsize, 1)
+    dst, src = np.ones(count, dtype), np.ones(count, dtype)
+    kernels.reduce_into(dst[:8], src[:8], Op.SUM)        # compile outside the timing
+    best = float("inf")
+    for _ in range(repeats):
+        np.copyto(dst, src)
+        start = time.perf_counter()
+        kernels.reduce_into(dst, src, Op.SUM)
+        best = min(best, time.perf_counter() - start)
+    return best / dst.nbytes
+
+
+def allreduce_bound(b_mem: float, p: int) -> float:
+    """Upper bound on allreduce algbw (bytes/s) for p ranks sharing memory of bandwidth ``b_mem``."""
+    return b_mem / (2 * p)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=256, help="copy size in MiB (default 256)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    b_mem = copy_bandwidth(args.mib << 20, repeats=args.repeats)
+    gamma = reduce_gamma()
+    print(f"B_mem = {b_mem / 1e9:.2f} GB/s (np.copyto of {args.mib} MiB, read + write, best of {args.repeats})")
+    print(f"gamma = {gamma * 1e9:.4f} ns/byte (float32 sum kernel, {1 / gamma / 1e9:.2f} GB/s of input)")
+    for p in (2, 4, 8):
+        print(f"p = {p}: allreduce algbw <= B_mem / (2p) = {allreduce_bound(b_mem, p) / 1e9:.2f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
