@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(cmd))
         return 0
     env = dict(os.environ)
+    # Open MPI's UCX one-sided component prints a spurious error on machines without UCX
+    # hardware when shm opens its MPI-3 shared window; the shared-memory component serves it.
+    env.setdefault("OMPI_MCA_osc", "^ucx")
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
