@@ -1,4 +1,5 @@
 """The timeline renderer: a real engine timeline becomes a valid PNG; bad input gives a one-line error."""
+import re
 import json
 
 import numpy as np
@@ -30,7 +31,9 @@ def test_engine_timeline_renders_to_a_png(engine_trace, tmp_path, capsys):
     png = tmp_path / "tl.png"
     assert main([str(engine_trace), "--png", str(png), "--steps", "0"]) == 0
     out = capsys.readouterr().out
-    assert out == f"{png}: last step: 3 tensors reduced in 1 allreduce(s); 0 of 3 started before the last submission\n"
+    # How many batches the 3 tensors form depends on which cycle saw them ready (thread timing).
+    assert re.fullmatch(re.escape(f"{png}: last step: 3 tensors reduced in ") + r"[123] allreduce\(s\); "
+                        r"[0-2] of 3 started before the last submission\n", out), out
     image = imread(png)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 800
     assert image[..., :3].std() > 0.05, "the image is not blank"
