@@ -129,7 +129,10 @@ class Engine:
                                            "wait for its handle before submitting the name again")
             self._inflight.add(name)
             self._queue.append(entry)
-        self._wake.set()          # start the next cycle now: a tensor should not wait out a sleep
+        if self.negotiator.idle >= IDLE_CYCLES:
+            # Cut a stretched idle cycle short. Not on every submit: tensors that arrive
+            # within one cycle_time must be negotiated together, or fusion falls apart.
+            self._wake.set()
         return handle
 
     def shutdown(self, timeout: float | None = None) -> None:
