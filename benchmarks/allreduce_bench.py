@@ -110,7 +110,12 @@ def measure_check_cost(mpi, iters: int = 50) -> float:
 
 
 def warm_up(run, x: np.ndarray, args, mpi) -> int:
-    """Run the -w warmup calls; return the -n to time (fewer with --budget; the same on all ranks)."""
+    """Run the -w warmup calls; return the -n to time (fewer with --budget; the same on all ranks).
+
+    The first call (which may load compiled kernels, or allocate) runs before the clock starts:
+    counted, it once cut the first row of a sweep to a single noisy timed call.
+    """
+    run(x)
     start = time.perf_counter()
     for _ in range(args.warmup_iters):
         run(x)

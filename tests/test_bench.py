@@ -178,4 +178,4 @@ def test_time_size_round_robin_keeps_fastest_block(monkeypatch):
     args = argparse.Namespace(iters=2, warmup_iters=1, budget=0.0, repeats=3)
     got = allreduce_bench.time_size({"a": runner("a"), "b": runner("b")}, np.zeros(1), args, OneRank())
     assert got == {"a": ([1.0], 2), "b": ([2.0], 2)}
-    assert "".join(calls) == "ab" + "aabb" * 3          # warmups, then round-robin blocks of -n 2
+    assert "".join(calls) == "aabb" + "aabb" * 3        # a priming call + -w 1 warmup each, then round-robin blocks of -n 2

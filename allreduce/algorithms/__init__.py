@@ -28,11 +28,14 @@ __all__ = ["get", "NAMES"]
 _MODULES = {"ring": "ring", "tree": "tree", "rhd": "rhd", "rd": "rd", "mpi": "native",
             "shm": "shm", "hierarchical": "hierarchical"}
 NAMES = tuple(_MODULES)
+_LOADED: dict[str, Callable] = {}     # import_module costs microseconds per call: resolve once
 
 
 def get(name: str) -> Callable:
     """The ``allreduce`` function of algorithm ``name``."""
-    if name not in _MODULES:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of: auto, {', '.join(NAMES)}")
-    module = importlib.import_module(f".{_MODULES[name]}", __name__)
-    return module.allreduce
+    run = _LOADED.get(name)
+    if run is None:
+        if name not in _MODULES:
+            raise ValueError(f"unknown algorithm {name!r}; choose one of: auto, {', '.join(NAMES)}")
+        run = _LOADED[name] = importlib.import_module(f".{_MODULES[name]}", __name__).allreduce
+    return run

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .. import kernels
 from ..buffers import Workspace
-from ..ops import Op
+from ..ops import Op, bfloat16
 from ..transport.base import Transport
 
 __all__ = ["allreduce"]
@@ -29,9 +29,10 @@ _MPI_OPS = {Op.SUM: MPI.SUM, Op.AVERAGE: MPI.SUM, Op.MIN: MPI.MIN, Op.MAX: MPI.M
 _HALF_OPS: dict[tuple[str, Op], MPI.Op] = {}
 
 
-# dtype name -> (the MPI datatype its bytes travel as, the numpy view matching it)
-_USER_OP_DTYPES = {"float16": (MPI.UINT16_T, np.uint16), "bfloat16": (MPI.UINT16_T, np.uint16),
-                   "int8": (MPI.INT8_T, np.int8)}
+# dtype -> (the MPI datatype its bytes travel as, the numpy view matching it). Keyed by the dtype
+# object: ``dtype.name`` is computed in Python and costs ~5 us, more than MPI_Allreduce of 8 bytes.
+_USER_OP_DTYPES = {np.dtype(np.float16): (MPI.UINT16_T, np.uint16), bfloat16: (MPI.UINT16_T, np.uint16),
+                   np.dtype(np.int8): (MPI.INT8_T, np.int8)}
 
 
 def _user_op(dtype: np.dtype, op: Op) -> MPI.Op:
@@ -58,7 +59,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
                          "has no MPI communicator (use ring, tree, rhd or rd)")
     if buf.size == 0:
         return
-    carrier = _USER_OP_DTYPES.get(buf.dtype.name)
+    carrier = _USER_OP_DTYPES.get(buf.dtype)
     if carrier is not None:
         datatype, view = carrier
         mpi_comm.Allreduce(MPI.IN_PLACE, [buf.view(view), datatype], op=_user_op(buf.dtype, op))

@@ -48,6 +48,8 @@ segmenting a whole-buffer exchange would only add latency terms.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .. import kernels
@@ -99,6 +101,17 @@ def _real_rank(core_rank: int, rem: int) -> int:
     return 2 * core_rank if core_rank < rem else core_rank + rem
 
 
+@lru_cache(maxsize=64)
+def _plan(p: int, rank: int) -> tuple[int, int, tuple[tuple[int, bool], ...]]:
+    """``(rem, core, steps)`` with one ``(peer, i_am_lower)`` per exchange, computed once per (p, rank):
+    at 8 bytes the whole call costs a few microseconds, and this bookkeeping was a visible part."""
+    q, rem, core = core_layout(p, rank)
+    if core < 0:
+        return rem, core, ()
+    return rem, core, tuple((_real_rank(core ^ (1 << k), rem), core < core ^ (1 << k))
+                            for k in range(q.bit_length() - 1))
+
+
 def _reduce(dst: np.ndarray, src: np.ndarray, op: Op, last: bool, p: int) -> None:
     if last:
         kernels.reduce_finish_into(dst, src, op, p)   # final value of every element: fuse Average's / p
@@ -121,7 +134,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     if p == 1 or buf.size == 0:
         kernels.finish(buf, op, p)
         return
-    q, rem, core = core_layout(p, rank)
+    rem, core, steps = _plan(p, rank)
     scratch = workspace.get("rd.scratch", buf.size, buf.dtype)
 
     # Fold: the first 2*rem ranks pair up so a power-of-two core remains.
@@ -137,16 +150,14 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
 
     # Exchange: `mine` holds my partial result, `other` receives the partner's.
     mine, other = buf, scratch
-    steps = q.bit_length() - 1
-    for k in range(steps):
+    last = len(steps) - 1
+    for k, (peer, lower) in enumerate(steps):                # peer: core rank core ^ 2^k, as a real rank
         comm.mark("exchange", k)
-        peer_core = core ^ (1 << k)
-        peer = _real_rank(peer_core, rem)
         comm.sendrecv(mine, peer, other, peer, TAG)          # swap whole buffers with the partner
-        if core < peer_core:
-            _reduce(mine, other, op, k == steps - 1, p)      # I am lower: my data is dst
+        if lower:
+            _reduce(mine, other, op, k == last, p)           # I am lower: my data is dst
         else:
-            _reduce(other, mine, op, k == steps - 1, p)      # partner is lower: its data is dst
+            _reduce(other, mine, op, k == last, p)           # partner is lower: its data is dst
             mine, other = other, mine                        # the result now lives in the scratch
     if mine is not buf:
         kernels.copy_into(buf, mine)                         # at most one copy, after the last step

@@ -160,13 +160,25 @@ class _Role(NamedTuple):
     down: int    # tag of the broadcast phase
 
 
-def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int) -> tuple[_Role, _Role]:
+@lru_cache(maxsize=256)
+def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int
+           ) -> tuple[tuple[_Role, _Role], tuple[int, ...], int, int]:
+    """This rank's two roles, the order to visit the trees in, the longest segment, the step count.
+
+    Cached: a training loop repeats the same few sizes, and recomputing this
+    in Python would cost more than moving a small message. The visiting order
+    puts the tree where this rank is a leaf first, so its partial sums leave
+    before it blocks on a child in the other tree; the broadcast visits them
+    the other way round, so finished segments go down before it waits as a leaf.
+    """
     halves = partition.chunks(count, 2)
     roles = []
     for t, (tree, (off, n)) in enumerate(zip(double_binary_tree(p), halves)):
         segs = partition.segments(off, n, partition.num_segments(n, itemsize, segment_bytes))
         roles.append(_Role(tree.parent[rank], tree.children[rank], segs, TAG + 2 * t, TAG + 2 * t + 1))
-    return roles[0], roles[1]
+    order = tuple(sorted(range(2), key=lambda t: len(roles[t].children)))
+    seg_len = max(n for role in roles for _, n in role.segs)
+    return (roles[0], roles[1]), order, seg_len, max(len(role.segs) for role in roles)
 
 
 def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
@@ -184,10 +196,11 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     if p == 1 or buf.size == 0:
         kernels.finish(buf, op, p)
         return
-    roles = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
-    seg_len = max(n for role in roles for _, n in role.segs)
+    roles, order, seg_len, nsteps = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
+    if nsteps == 1:
+        _one_segment(comm, buf, op, workspace.get("tree.slots", 4 * seg_len, buf.dtype), roles, order)
+        return
     slots = workspace.get("tree.slots", 2 * 2 * DEPTH * seg_len, buf.dtype).reshape(2, 2, DEPTH, seg_len)
-    nsteps = max(len(role.segs) for role in roles)
     sends: list = []
 
     # Reduce: prime DEPTH receives per child, then recvReduceSend each segment on both trees.
@@ -195,7 +208,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
               for j, child in enumerate(role.children)] for t, role in enumerate(roles)]
     for k in range(nsteps):
         comm.mark("reduce", k)
-        for t, role in enumerate(roles):
+        for t in order:
+            role = roles[t]
             if k >= len(role.segs):
                 continue                                     # this half has fewer segments
             off, n = role.segs[k]
@@ -218,7 +232,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
              if role.parent >= 0 else [] for role in roles]
     for k in range(nsteps):
         comm.mark("broadcast", k)
-        for t, role in enumerate(roles):
+        for t in reversed(order):                            # interior first: forward before waiting as a leaf
+            role = roles[t]
             if k >= len(role.segs):
                 continue
             off, n = role.segs[k]
@@ -226,4 +241,47 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
                 downs[t][k].wait()                           # final segment k from the parent
             for child in role.children:
                 sends.append(comm.isend(buf[off:off + n], child, role.down))  # recvCopySend
+    wait_all(comm, sends)
+
+
+def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray,
+                 roles: tuple[_Role, _Role], order: tuple[int, ...]) -> None:
+    """The pipeline above when each half is one segment (small buffers): the same messages in the
+    same order, with as few waits as possible. Here the cost is per call into MPI, not per byte."""
+    p = comm.size
+    halves, slots, recvs = [], [], []
+    for t, role in enumerate(roles):
+        off, n = role.segs[0] if role.segs else (0, 0)
+        halves.append(buf[off:off + n])
+        slots.append([scratch[(2 * t + j) * n:(2 * t + j + 1) * n] for j in range(len(role.children))])
+        recvs.append([comm.irecv(slot, child, role.up) for slot, child in zip(slots[t], role.children)]
+                     if role.segs else [])
+    sends: list = []
+    comm.mark("reduce", 0)
+    for t in order:                                  # a leaf's half goes up at once; then the children's
+        role, dst = roles[t], halves[t]
+        if not role.segs:
+            continue
+        if recvs[t]:
+            comm.wait_all(recvs[t])                  # every child's partial sum of this half
+            last = len(role.children) - 1
+            for j in range(last + 1):
+                if role.parent < 0 and j == last:
+                    kernels.reduce_finish_into(dst, slots[t][j], op, p)   # root: final
+                else:
+                    kernels.reduce_into(dst, slots[t][j], op)
+        if role.parent >= 0:
+            sends.append(comm.isend(dst, role.parent, role.up))
+    wait_all(comm, sends)                            # the broadcast below overwrites what went up
+    downs = [comm.irecv(halves[t], role.parent, role.down) if role.segs and role.parent >= 0 else None
+             for t, role in enumerate(roles)]
+    comm.mark("broadcast", 0)
+    for t in reversed(order):                        # a root's half goes down at once
+        role = roles[t]
+        if not role.segs:
+            continue
+        if downs[t] is not None:
+            downs[t].wait()
+        for child in role.children:
+            sends.append(comm.isend(halves[t], child, role.down))
     wait_all(comm, sends)

@@ -2,8 +2,8 @@
 
 Besides :mod:`allreduce.algorithms.native`, this is the only module that
 calls mpi4py's data-moving functions. Every buffer goes out as raw bytes
-(``MPI.BYTE``), so dtypes MPI has never heard of, such as bfloat16, travel
-unchanged.
+(``[buf, MPI.BYTE]``: mpi4py counts its bytes), so dtypes MPI has never
+heard of, such as bfloat16, travel unchanged.
 
 The transport works on its own duplicate of the communicator, so its
 messages can never match a message the application sends on the original.
@@ -34,8 +34,9 @@ ENGINE_SPINS = 100
 
 
 class _Request:
-    __slots__ = ("raw", "transport", "peer", "kind")
+    """A pending transfer: the raw MPI request plus who it is with (for the timeout message)."""
 
+    __slots__ = ("raw", "transport", "peer", "kind")
 
     def __init__(self, raw: MPI.Request, transport: "MPITransport", peer: int, kind: str):
         self.raw, self.transport, self.peer, self.kind = raw, transport, peer, kind
@@ -45,12 +46,7 @@ class _Request:
         for _ in range(self.transport.spins):
             if raw.Test():
                 return
-        self.transport._wait_slow(lambda: raw.Test(), [self])
-
-
-def _bytes(buf: np.ndarray):
-    # A contiguous 1-D view as bytes; a zero-size buffer is still a valid (empty) message.
-    return [buf.reshape(-1).view(np.uint8), MPI.BYTE]
+        self.transport._wait_slow(raw.Test, [self])
 
 
 class MPITransport(Transport):
@@ -81,20 +77,32 @@ class MPITransport(Transport):
             pause = min(pause * 2 or 1e-5, 1e-3)
 
     def isend(self, buf, dest, tag=0):
-        return _Request(self.comm.Isend(_bytes(buf), dest, tag), self, dest, "send to")
+        return _Request(self.comm.Isend([buf, MPI.BYTE], dest, tag), self, dest, "send to")
 
     def irecv(self, buf, source, tag=0):
-        return _Request(self.comm.Irecv(_bytes(buf), source, tag), self, source, "receive from")
+        return _Request(self.comm.Irecv([buf, MPI.BYTE], source, tag), self, source,
+                        "receive from")
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
-        self.wait_all([self.irecv(recvbuf, source, tag), self.isend(sendbuf, dest, tag)])
+        # The latency path (rd, the last steps of rhd): the same Irecv + Isend + bounded wait as
+        # wait_all, with no request objects unless the spin runs out. ~5 us at 8 B, 2 ranks.
+        comm = self.comm
+        raws = [comm.Irecv([recvbuf, MPI.BYTE], source, tag),
+                comm.Isend([sendbuf, MPI.BYTE], dest, tag)]
+        testall = MPI.Request.Testall
+        for _ in range(self.spins):
+            if testall(raws):
+                return
+        requests = [_Request(raws[0], self, source, "receive from"), _Request(raws[1], self, dest, "send to")]
+        self._wait_slow(lambda: testall(raws), requests)
 
     def wait_all(self, requests):
         raws = [r.raw for r in requests]
+        testall = MPI.Request.Testall
         for _ in range(self.spins):
-            if MPI.Request.Testall(raws):
+            if testall(raws):
                 return
-        self._wait_slow(lambda: MPI.Request.Testall(raws), requests)
+        self._wait_slow(lambda: testall(raws), requests)
 
     def barrier(self) -> None:
         request = _Request(self.comm.Ibarrier(), self, -1, "barrier with")
