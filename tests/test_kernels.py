@@ -105,3 +105,38 @@ def test_empty_and_finish_noop():
     assert np.array_equal(y, np.arange(4.0))
     kernels.finish(y, Op.AVERAGE, 2)
     assert np.array_equal(y, np.arange(4.0) / 2)
+
+
+@pytest.mark.parametrize("fmt", [half.FLOAT16, half.BFLOAT16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("code", [0, 4], ids=["sum", "prod"])
+def test_fast_half_kernels_match_generic_bit_kernel(fmt, code):
+    """The hardware-conversion (F16C) / shift-and-round Sum and Product loops give exactly the
+    generic bit-pattern loop's bits for every 16-bit pattern (inf, subnormal, overflow, NaN as
+    the canonical NaN), against itself, its negation and shuffled partners. The one freedom: the
+    sign of NaN (op) NaN, which depends on the operand order the compiler picks for a vector add."""
+    every = np.arange(65536, dtype=np.uint16)
+    rng = np.random.default_rng(7)
+    generic = half._sum_half if code == 0 else half._prod_half
+    fast = half._FAST[(fmt.mant_bits, code)]
+    for partner in (every, every ^ np.uint16(0x8000), rng.permutation(every), rng.permutation(every)):
+        want, got = every.copy(), every.copy()
+        generic(want, partner, *fmt.args)
+        fast(got, partner, fmt.nan_bits)
+        inf_bits = (2 * fmt.bias + 1) << fmt.mant_bits
+        both_nan = ((every & 0x7FFF) > inf_bits) & ((partner & 0x7FFF) > inf_bits)
+        assert np.array_equal(got[~both_nan], want[~both_nan])
+        assert np.array_equal(got[both_nan] & 0x7FFF, want[both_nan] & 0x7FFF)
+
+
+@pytest.mark.parametrize("fmt", [half.FLOAT16, half.BFLOAT16], ids=["f16", "bf16"])
+def test_branch_free_decode_matches_table(fmt):
+    from numba import njit
+
+    @njit
+    def decode_all(out, bits, mant_bits, bias):
+        for i in range(bits.size):
+            out[i] = half._decode(bits[i], mant_bits, bias)
+
+    out = np.empty(65536, np.float32)
+    decode_all(out, np.arange(65536, dtype=np.uint16), fmt.mant_bits, fmt.bias)
+    assert np.array_equal(out.view(np.uint32), fmt.table.view(np.uint32))

@@ -69,6 +69,13 @@ class NoneCompressor(Compressor):
         return np.dtype(dtype)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _tally(v, b, inf_bits):
+    """``(became inf/NaN, was inf/NaN)`` for input ``v`` encoded as ``b``, as 0/1 without a branch."""
+    was = np.int64(v - v != 0.0)                       # inf - inf and NaN - NaN are NaN
+    return (1 - was) * np.int64((b & 0x7FFF) >= inf_bits), was
+
+
 @njit(nogil=True, cache=True)
 def _encode_checked(dst_bits, src, scale, mant_bits, bias, overflow, nan_bits):
     """dst = bits(src * scale); return (finite inputs that became inf/NaN, non-finite inputs)."""
@@ -79,10 +86,9 @@ def _encode_checked(dst_bits, src, scale, mant_bits, bias, overflow, nan_bits):
         v = src[i] * scale
         b = _encode(v, mant_bits, bias, overflow, nan_bits)
         dst_bits[i] = b
-        if not math.isfinite(v):
-            nonfinite += 1
-        elif (b & 0x7FFF) >= inf_bits:
-            bad += 1
+        became, was = _tally(v, b, inf_bits)
+        bad += became
+        nonfinite += was
     return bad, nonfinite
 
 
@@ -97,10 +103,9 @@ def _encode_feedback(dst_bits, src, residual, scale, table, mant_bits, bias, ove
         b = _encode(v * scale, mant_bits, bias, overflow, nan_bits)
         dst_bits[i] = b
         residual[i] = v - table[b] / scale
-        if not math.isfinite(v):
-            nonfinite += 1
-        elif (b & 0x7FFF) >= inf_bits:
-            bad += 1
+        became, was = _tally(v, b, inf_bits)
+        bad += became
+        nonfinite += was
     return bad, nonfinite
 
 
