@@ -126,3 +126,26 @@ def test_compress_decompress_interface(comp):
     assert back.dtype == x.dtype and np.allclose(back, x, rtol=4 * _U[comp.name])
     ints = np.arange(3)
     assert Compression.none.compress(ints)[0] is ints and comp.compress(ints)[0] is ints
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+@pytest.mark.parametrize("scale", [1.0, 0.5, 0.125])
+def test_fast_float32_encode_and_decode_match_the_exact_path(name, scale):
+    """float32 input with a power-of-two scale takes the hardware / shift-and-round cast; it must
+    give the exact (float64) path's bits and counts, including overflow, inf and NaN."""
+    from allreduce.engine.compression import Compression, _decode_checked, _encode_checked
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.standard_normal(50_000), rng.standard_normal(5000) * 1e5,
+                        rng.standard_normal(5000) * 1e-6,
+                        [np.inf, -np.inf, np.nan, 0.0, -0.0, 65504, 65520, 7e4, 3e38]]).astype(np.float32)
+    c = getattr(Compression, name)
+    f = c.fmt
+    fast, exact = np.empty(x.size, np.uint16), np.empty(x.size, np.uint16)
+    counts = c.encode_into(fast, x, scale)
+    want = _encode_checked(exact, x, scale, f.mant_bits, f.bias, f.overflow, f.nan_bits)
+    assert np.array_equal(fast, exact)
+    assert counts == tuple(int(v) for v in want)
+    got, ref = np.empty(x.size, np.float32), np.empty(x.size, np.float32)
+    assert c.decode_into(got, fast, 1.0) == _decode_checked(ref, fast, 1.0, f.table)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    assert np.array_equal(got[~np.isnan(got)], ref[~np.isnan(ref)])

@@ -121,6 +121,43 @@ def _decode_checked(dst, src_bits, scale, table):
     return nonfinite
 
 
+@njit(nogil=True, cache=True)
+def _encode_f32_fast(dst_bits, src, scale, f16, nan_bits):
+    """float32 ``src * scale`` -> float16 (F16C's vcvtps2ph) or bfloat16 bits; counts as _encode_checked.
+
+    Only for a power-of-two ``scale`` (float32): the product is then exact in
+    float32 (below float32's smallest normal, ~1e-38, it may round first,
+    which can move a bfloat16 result there by one unit in its last place).
+    """
+    bad = 0
+    nonfinite = 0
+    inf_bits = 0x7C00 if f16 else 0x7F80
+    for i in range(src.size):
+        v = src[i] * scale
+        b = half._canonical_nan(half._f32_to_f16(v), nan_bits) if f16 else half._bf16_of(v, nan_bits)
+        dst_bits[i] = b
+        became, was = _tally(v, b, inf_bits)
+        bad += became
+        nonfinite += was
+    return bad, nonfinite
+
+
+@njit(nogil=True, cache=True)
+def _decode_f32_fast(dst, src_bits, f16):
+    """16-bit bits -> float32 with the CPU's conversion (or bfloat16's shift); count inf/NaN results."""
+    nonfinite = 0
+    for i in range(src_bits.size):
+        v = half._f16_to_f32(src_bits[i]) if f16 else half._f32_of_bf16(src_bits[i])
+        dst[i] = v
+        nonfinite += np.int64(v - v != 0.0)
+    return nonfinite
+
+
+def _power_of_two(x: float) -> bool:
+    m, _ = math.frexp(x)
+    return x > 0 and m == 0.5
+
+
 class HalfCompressor(Compressor):
     """Cast float32/float64 to a 16-bit float (``fp16`` or ``bf16``) for the wire."""
 
@@ -170,7 +207,9 @@ class HalfCompressor(Compressor):
             payload is safe to send), and how many inputs were inf/NaN already.
         """
         f = self.fmt
-        if residual is None:
+        if residual is None and src.dtype == np.float32 and _power_of_two(scale) and f.bias in (15, 127):
+            bad, nonfinite = _encode_f32_fast(dst_bits, src, np.float32(scale), f.bias == 15, f.nan_bits)
+        elif residual is None:
             bad, nonfinite = _encode_checked(dst_bits, src, scale, f.mant_bits, f.bias, f.overflow, f.nan_bits)
         else:
             bad, nonfinite = _encode_feedback(dst_bits, src, residual, scale, f.table, f.mant_bits, f.bias,
@@ -179,6 +218,8 @@ class HalfCompressor(Compressor):
 
     def decode_into(self, dst: np.ndarray, src_bits: np.ndarray, scale: float) -> int:
         """``dst = float(src_bits) * scale`` in one pass; return how many results are inf/NaN."""
+        if scale == 1.0 and dst.dtype == np.float32 and self.fmt.bias in (15, 127):
+            return int(_decode_f32_fast(dst, src_bits.view(np.uint16), self.fmt.bias == 15))
         return int(_decode_checked(dst, src_bits.view(np.uint16), scale, self.fmt.table))
 
 
