@@ -56,7 +56,7 @@ def init(comm=None, **settings: Any) -> Communicator:
     global _current, _engine
     if _current is not None:
         return _current
-    from .transport.mpi import ENGINE_SPINS, MPITransport
+    from .transport.mpi import ENGINE_MAX_PAUSE, ENGINE_SPINS, MPITransport
     config = Config.from_env(**settings)
     transport = MPITransport(comm, timeout=config.timeout)
     transport.fake_node_size = config.fake_node_size      # hierarchical's node layout, for testing
@@ -73,7 +73,8 @@ def init(comm=None, **settings: Any) -> Communicator:
                                  "'multiple'); this MPI was initialised with a lower level. Set "
                                  "ALLREDUCE_ENGINE=0 to run without the engine.")
         try:   # its own duplicate communicator: engine messages never match the direct path's
-            engine_transport = MPITransport(transport.comm, timeout=config.timeout, spins=ENGINE_SPINS)
+            engine_transport = MPITransport(transport.comm, timeout=config.timeout, spins=ENGINE_SPINS,
+                                            max_pause=ENGINE_MAX_PAUSE)
             engine_transport.fake_node_size = config.fake_node_size
             _engine = Engine(engine_transport, config=config, local_size=local_size)
         except BaseException:

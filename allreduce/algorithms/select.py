@@ -20,6 +20,7 @@ import json
 import math
 import os
 import socket
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -78,17 +79,43 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
 
 
 def default_path() -> Path:
+    return _default_path()
+
+
+@lru_cache(maxsize=1)
+def _default_path() -> Path:
     return Path.home() / ".cache" / "allreduce" / f"costmodel-{socket.gethostname()}.json"
 
 
+_STAMPS: dict[str, tuple[float, tuple[str, int | None]]] = {}
+RESTAT_SECONDS = 1.0
+
+
+def _stamp(path: str) -> tuple[str, int | None]:
+    """The file the constants come from, and its modification time (None: no file).
+
+    Looked up at most once a second per path: a ``stat`` costs microseconds,
+    and a new fit is picked up within that second.
+    """
+    now = time.monotonic()
+    seen = _STAMPS.get(path)
+    if seen is not None and now - seen[0] < RESTAT_SECONDS:
+        return seen[1]
+    file = Path(path) if path else _default_path()
+    try:
+        stamp = str(file), file.stat().st_mtime_ns
+    except OSError:
+        stamp = str(file), None
+    _STAMPS[path] = (now, stamp)
+    return stamp
+
+
 @lru_cache(maxsize=8)
-def constants(path: str = "") -> dict[str, dict[str, float]]:
-    """DEFAULTS updated with the fitted constants at ``path`` (or the per-machine cache)."""
+def _load(file: str, mtime: int | None) -> dict[str, dict[str, float]]:
     table = {k: dict(v) for k, v in DEFAULTS.items()}
-    file = Path(path) if path else default_path()
-    if file.is_file():
+    if mtime is not None:
         try:
-            fitted = json.loads(file.read_text()).get("constants", {})
+            fitted = json.loads(Path(file).read_text()).get("constants", {})
         except (OSError, ValueError):
             fitted = {}
         for name, values in fitted.items():
@@ -97,9 +124,21 @@ def constants(path: str = "") -> dict[str, dict[str, float]]:
     return table
 
 
+def constants(path: str = "") -> dict[str, dict[str, float]]:
+    """DEFAULTS updated with the fitted constants at ``path`` (or the per-machine cache).
+
+    The file is read again only when its modification time changes.
+    """
+    return {k: dict(v) for k, v in _load(*_stamp(path)).items()}
+
+
 def predict(algorithm: str, nbytes: int, p: int, *, path: str = "") -> float:
     """Predicted seconds for one allreduce of ``nbytes`` on ``p`` ranks."""
-    c = constants(path)[algorithm]
+    return _predict(algorithm, nbytes, p, _load(*_stamp(path)))
+
+
+def _predict(algorithm: str, nbytes: int, p: int, table: dict) -> float:
+    c = table[algorithm]
     a, b, g = terms(algorithm, p, nbytes)
     return a * c["alpha"] + b * nbytes * c["beta"] + g * nbytes * c["gamma"]
 
@@ -108,6 +147,14 @@ def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), pat
     """The candidate with the smallest predicted time (ties go to the earlier name).
 
     ``Communicator.auto_candidates`` adds ``mpi`` on the MPI transport and
-    ``shm`` when every rank shares one node.
+    ``shm`` when every rank shares one node. Answers are cached per size and
+    constants file: the engine and the blocking path
+    ask for every allreduce, and evaluating the model costs tens of microseconds.
     """
-    return min(candidates, key=lambda name: predict(name, nbytes, p, path=path))
+    return _choose(nbytes, p, tuple(candidates), _stamp(path))
+
+
+@lru_cache(maxsize=4096)
+def _choose(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, int | None]) -> str:
+    table = _load(*stamp)
+    return min(candidates, key=lambda name: _predict(name, nbytes, p, table))

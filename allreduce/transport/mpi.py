@@ -31,6 +31,7 @@ SPINS = 2000    # polls (~1 ms) before yielding the core: a small message on one
                 # these. The engine's transport spins far less (ENGINE_SPINS): its waits are often for
                 # a peer that is still computing, and spinning there starves the training thread.
 ENGINE_SPINS = 100
+ENGINE_MAX_PAUSE = 1e-4   # and polls at least every 0.1 ms: a late peer costs at most that much extra
 
 
 class _Request:
@@ -53,7 +54,7 @@ class MPITransport(Transport):
     """Point-to-point messaging over ``comm`` (default ``COMM_WORLD``)."""
 
     def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True, timeout: float = 30.0,
-                 spins: int = SPINS):
+                 spins: int = SPINS, max_pause: float = 1e-3):
         base = MPI.COMM_WORLD if comm is None else comm
         self.comm = base.Dup() if dup else base
         self._owned = dup
@@ -61,6 +62,7 @@ class MPITransport(Transport):
         self.size = self.comm.Get_size()
         self.timeout = timeout
         self.spins = spins
+        self.max_pause = max_pause        # the longest sleep between polls once the spin is over
 
     def _wait_slow(self, done, requests) -> None:
         deadline = time.monotonic() + self.timeout
@@ -74,7 +76,7 @@ class MPITransport(Transport):
                     "that rank is stuck or not calling the same collective "
                     "(raise ALLREDUCE_TIMEOUT if it is just slow)")
             time.sleep(pause)                 # sleep(0) yields the core to an oversubscribed peer
-            pause = min(pause * 2 or 1e-5, 1e-3)
+            pause = min(pause * 2 or 1e-5, self.max_pause)
 
     def isend(self, buf, dest, tag=0):
         return _Request(self.comm.Isend([buf, MPI.BYTE], dest, tag), self, dest, "send to")
