@@ -174,8 +174,7 @@ def allreduce_(x: np.ndarray, op=Op.AVERAGE, algorithm: str | None = None, name:
     if _engine_path(name, compression, algorithm):
         if not isinstance(x, np.ndarray) or not x.flags.writeable:
             raise InvalidArgumentError("allreduce_ needs a writeable numpy array; use allreduce(x)")
-        np.copyto(x, allreduce_async(x, name=name, op=op, compression=compression).wait())
-        return x
+        return allreduce_async_(x, name=name, op=op, compression=compression).wait()
     return communicator().allreduce_(x, op, algorithm=algorithm)
 
 
@@ -193,6 +192,18 @@ def allreduce_async(x, name: str | None = None, op=Op.AVERAGE, compression=Compr
         A :class:`~allreduce.engine.Handle`: ``wait()`` returns the result, ``done()`` polls.
     """
     return _running_engine().submit(x, name=name, op=op, compression=compression)
+
+
+def allreduce_async_(x: np.ndarray, name: str | None = None, op=Op.AVERAGE,
+                     compression=Compression.none) -> Handle:
+    """In-place :func:`allreduce_async` (Horovod's ``allreduce_async_``): the result goes into ``x``.
+
+    ``x`` must be a writeable numpy array; it is read-only until the handle is
+    done, and ``wait()`` returns ``x`` itself. A large uncompressed tensor is
+    reduced straight in ``x`` (no fusion-buffer copies), which is what a
+    training loop with persistent gradient buffers wants.
+    """
+    return _running_engine().submit(x, name=name, op=op, compression=compression, inplace=True)
 
 
 def synchronize(handle: Handle) -> np.ndarray:

@@ -13,7 +13,8 @@ fusion         1000 tensors of 4 KiB: ``allreduce_async`` on all, then wait (the
 compression    one bandwidth-bound float32 tensor: Compression.none / fp16 /
                bf16 through the engine; time and max relative error
 resnet50       one training step's 161 gradients (25.6M float32, resnet50_shapes)
-               through the engine vs one raw allreduce of the same bytes
+               through the engine (new result arrays, and in place with
+               ``allreduce_async_``) vs one raw allreduce of the same bytes
 latency        one 4-byte tensor: ``allreduce_async(...).wait()`` round trip
                vs one blocking ``allreduce_``
 =============  ==================================================================
@@ -36,7 +37,7 @@ from benchmarks import common  # noqa: E402
 from benchmarks.resnet50_shapes import SHAPES  # noqa: E402
 
 MODES = ("fusion", "compression", "resnet50", "latency")
-_COLS = (("mode", 11), ("variant", 17), ("size(B)", 11), ("tensors", 7), ("time(us)", 11), ("algbw", 7),
+_COLS = (("mode", 11), ("variant", 18), ("size(B)", 11), ("tensors", 7), ("time(us)", 11), ("algbw", 7),
          ("busbw", 7), ("relerr", 9))
 
 
@@ -146,9 +147,14 @@ def bench_resnet50(ar, args, mpi) -> list[dict]:
     def step():
         _wait_all([ar.allreduce_async(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
 
-    return [_record("resnet50", "engine-161", total, len(grads), timed(step, args, mpi), p),
-            _record("resnet50", "raw-allreduce", total, 1, timed(lambda: comm.allreduce_(flat, ar.Average),
-                                                                 args, mpi), p)]
+    out = [_record("resnet50", "engine-161", total, len(grads), timed(step, args, mpi), p)]
+    if hasattr(ar, "allreduce_async_"):      # in place: results land in the gradient buffers themselves
+        def step_inplace():
+            _wait_all([ar.allreduce_async_(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
+        out.append(_record("resnet50", "engine-161-inplace", total, len(grads), timed(step_inplace, args, mpi), p))
+    out.append(_record("resnet50", "raw-allreduce", total, 1, timed(lambda: comm.allreduce_(flat, ar.Average),
+                                                                     args, mpi), p))
+    return out
 
 
 def bench_latency(ar, args, mpi) -> list[dict]:
@@ -176,6 +182,7 @@ def ratios(records: list[dict]) -> list[str]:
     t = {(r["mode"], r["algorithm"]): r["time_us"] for r in records}
     out = []
     for mode, fast, base in (("fusion", "engine", "unfused-blocking"), ("resnet50", "engine-161", "raw-allreduce"),
+                             ("resnet50", "engine-161-inplace", "raw-allreduce"),
                              ("latency", "engine-roundtrip", "blocking")):
         if (mode, fast) in t and (mode, base) in t:
             out.append(f"# {mode}: {fast} / {base} time = {t[(mode, fast)] / t[(mode, base)]:.2f}x")

@@ -114,7 +114,8 @@ class Engine:
         self._thread.start()
 
     # -- the user side -------------------------------------------------------------------
-    def submit(self, x, *, name: str | None = None, op=Op.AVERAGE, compression=None) -> Handle:
+    def submit(self, x, *, name: str | None = None, op=Op.AVERAGE, compression=None,
+               inplace: bool = False) -> Handle:
         """Queue ``x`` for an allreduce under ``name``; return its :class:`Handle` at once.
 
         Args:
@@ -123,10 +124,15 @@ class Engine:
                 order (``allreduce.noname.<n>``), which needs every rank to call in the same order.
             op: ``ar.Average`` (default), ``ar.Sum``, ``ar.Min``, ``ar.Max`` or ``ar.Product``.
             compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own.
+            inplace: write the result into ``x`` (a writeable numpy array) and return ``x``.
+                A large plain tensor is then reduced in ``x`` itself, with no copy at all.
 
         Returns:
             A handle; ``handle.wait()`` returns the reduced array.
         """
+        if inplace and not (isinstance(x, np.ndarray) and x.flags.writeable):
+            raise InvalidArgumentError(f"rank {self.rank}: an in-place allreduce needs a writeable numpy "
+                                       f"array, got {'a read-only array' if isinstance(x, np.ndarray) else type(x).__name__}")
         x = x if isinstance(x, np.ndarray) else np.asarray(x)
         op = as_op(op)
         check_dtype(x.dtype, op)
@@ -134,7 +140,7 @@ class Engine:
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidArgumentError(f"name must be a non-empty string, got {name!r}")
         handle = Handle(name)
-        entry = Entry(name, x, op, compressor, handle)         # copies a non-contiguous x, outside the lock
+        entry = Entry(name, x, op, compressor, handle, inplace)   # copies a non-contiguous x, outside the lock
         with self._lock:
             if self._stopped is not None or self._stopping:
                 raise ShutdownError(f"rank {self.rank}: the allreduce engine is shut down"

@@ -107,10 +107,12 @@ class Entry:
     """One submitted tensor inside the engine (owned by the engine thread after submit)."""
 
     __slots__ = ("name", "array", "flat", "op", "compressor", "handle", "meta", "payload", "ctx",
-                 "submitted", "announced", "seen", "locked")
+                 "submitted", "announced", "seen", "locked", "inplace")
 
-    def __init__(self, name: str, array: np.ndarray, op: Op, compressor, handle: Handle):
+    def __init__(self, name: str, array: np.ndarray, op: Op, compressor, handle: Handle,
+                 inplace: bool = False):
         self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
+        self.inplace = inplace                   # the result goes into ``array`` itself
         self.flat = np.ascontiguousarray(array).reshape(-1)
         # The engine reads the caller's memory only when every rank is ready, so a write in
         # between would change the result silently: make the array read-only until then
@@ -124,6 +126,14 @@ class Entry:
         self.submitted = time.monotonic()
         self.announced = False                   # sent through the slow path (uncached names)
         self.seen: set[int] = set()              # ranks known ready (timeline ticks)
+
+    def output(self, flat_result: np.ndarray) -> np.ndarray:
+        """Where an in-place result lives: ``flat`` when it is the caller's memory, else copied back."""
+        if not np.may_share_memory(self.flat, self.array):
+            np.copyto(self.array, flat_result.reshape(self.array.shape))
+        elif flat_result is not self.flat:
+            np.copyto(self.flat, flat_result)
+        return self.array
 
     def release(self) -> None:
         """Give the caller its array back (writeable again, if it was)."""

@@ -60,10 +60,14 @@ for step in range(steps):
     tensors = {name: (inputs_for(shared, n, dt, op), op) for name, dt, n, op in NAMES}
     order = mine.permutation(len(NAMES))
     mode = step % 3
-    if mode == 0:                                          # async handles, random order
-        handles = {NAMES[i][0]: ar.allreduce_async(tensors[NAMES[i][0]][0][me], name=NAMES[i][0],
-                                                   op=tensors[NAMES[i][0]][1]) for i in order}
+    if mode == 0:                                          # async handles, random order; in place every other time
+        start = ar.allreduce_async_ if step % 2 else ar.allreduce_async
+        mine_in = {name: tensors[name][0][me].copy() for name, *_ in NAMES}
+        handles = {NAMES[i][0]: start(mine_in[NAMES[i][0]], name=NAMES[i][0], op=tensors[NAMES[i][0]][1])
+                   for i in order}
         results = {name: ar.synchronize(h) for name, h in handles.items()}
+        if step % 2:
+            assert all(results[name] is mine_in[name] for name in results), "in place: the caller's arrays"
     elif mode == 1:                                        # fp16 on the floats, async
         results = {}
         comp = {name: ar.Compression.fp16 if np.dtype(dt) == np.float32 and op in (Op.SUM, Op.AVERAGE)
