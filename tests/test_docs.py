@@ -110,9 +110,9 @@ def default_costmodel(tmp_path, monkeypatch):
     from allreduce.algorithms import select
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("ALLREDUCE_COSTMODEL", raising=False)
-    select.constants.cache_clear()
+    select.clear_cache()
     yield
-    select.constants.cache_clear()
+    select.clear_cache()
 
 
 @pytest.mark.parametrize("lesson", lessons(), ids=lambda p: p.name)

@@ -79,12 +79,14 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
 
 
 def default_path() -> Path:
-    return _default_path()
-
-
-@lru_cache(maxsize=1)
-def _default_path() -> Path:
     return Path.home() / ".cache" / "allreduce" / f"costmodel-{socket.gethostname()}.json"
+
+
+def clear_cache() -> None:
+    """Forget cached constants and choices (after changing HOME or a cost-model file in a test)."""
+    _STAMPS.clear()
+    _load.cache_clear()
+    _choose.cache_clear()
 
 
 _STAMPS: dict[str, tuple[float, tuple[str, int | None]]] = {}
@@ -101,7 +103,7 @@ def _stamp(path: str) -> tuple[str, int | None]:
     seen = _STAMPS.get(path)
     if seen is not None and now - seen[0] < RESTAT_SECONDS:
         return seen[1]
-    file = Path(path) if path else _default_path()
+    file = Path(path) if path else default_path()
     try:
         stamp = str(file), file.stat().st_mtime_ns
     except OSError:
