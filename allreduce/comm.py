@@ -89,10 +89,11 @@ class Communicator:
 
         The common case, agreement, costs one tiny allreduce: the elementwise
         MAX of ``[fields, -fields]`` gives every field's maximum and minimum
-        at once, and they are equal exactly when all ranks agree (native
-        ``MPI_Allreduce`` on MPI, recursive doubling on threads: log2 p
-        messages, not an allgather's p - 1). Only on a mismatch, and then on
-        every rank alike, does it allgather the fields to name each rank's value.
+        at once, and they are equal exactly when all ranks agree (recursive
+        doubling: log2 p messages, not an allgather's p - 1; not native
+        ``MPI_Allreduce``, whose wait has no timeout, so a silent peer would
+        hang the check forever). Only on a mismatch, and then on every rank
+        alike, does it allgather the fields to name each rank's value.
         """
         if not self.config.check or self.size == 1:
             return
@@ -100,8 +101,7 @@ class Communicator:
         bounds = self.workspace.get("check.bounds", 2 * mine.size, np.int64)
         bounds[:mine.size] = mine
         np.negative(mine, out=bounds[mine.size:])
-        run = algorithms.get("mpi" if self._mpi_transport else "rd")
-        run(self.transport, bounds, Op.MAX, workspace=self.workspace, segment_bytes=0)
+        algorithms.get("rd")(self.transport, bounds, Op.MAX, workspace=self.workspace, segment_bytes=0)
         if (bounds[:mine.size] == -bounds[mine.size:]).all():
             return
         table = self.workspace.get("check", self.size * mine.size, np.int64)

@@ -45,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-batches-per-iter", type=int, default=10)
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--compare-mwms", action="store_true", help="also time MultiWorkerMirroredStrategy")
+    parser.add_argument("--local-baseline", action="store_true",
+                        help="also time the same step with no gradient exchange at all: every rank trains "
+                             "alone, so its efficiency is this machine's ceiling for any data-parallel library")
     parser.add_argument("--json", help="write the results here (with --scaling: every world size's)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TF intra- and inter-op threads per rank (0: TF's default, all cores)")
@@ -150,6 +153,19 @@ def run(args) -> dict:
         f"{size} rank(s); mode {args.mode}{' fp16' if args.fp16_allreduce else ''}")
     result = {"np": size, "rank": rank, "tfops": summarize(time_steps(step, args, say), size, "tfops", say)}
 
+    if args.local_baseline:
+        local_opt = keras.optimizers.SGD(0.01)
+        local_opt.build(model.trainable_variables)
+
+        @tf.function
+        def local_step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(target, model(data, training=True))
+            local_opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+        say("No gradient exchange (every rank alone), same model and per-rank batch:")
+        result["local"] = summarize(time_steps(local_step, args, say), size, "local", say)
+
     if strategy is not None:
         with strategy.scope():
             mw_model, mw_opt = build_model(args), keras.optimizers.SGD(0.01)
@@ -215,12 +231,21 @@ def scaling(args, argv) -> None:
             with open(out) as f:
                 rows[n] = json.load(f)
     base = rows[sizes[0]]["tfops"]["total"] / sizes[0]
-    print(f"\n{'np':>3} {'tfops img/s':>12} {'efficiency':>10} {'MWMS img/s':>11} {'efficiency':>10}")
+    local_base = rows[sizes[0]]["local"]["total"] / sizes[0] if "local" in rows[sizes[0]] else None
+    print(f"\n{'np':>3} {'tfops img/s':>12} {'efficiency':>10} {'MWMS img/s':>11} {'efficiency':>10}"
+          + (f" {'alone img/s':>12} {'efficiency':>10}" if local_base else ""))
     for n in sizes:
         line = f"{n:>3} {rows[n]['tfops']['total']:>12.1f} {rows[n]['tfops']['total'] / (n * base):>10.0%}"
         if "mwms" in rows[n]:
             line += f" {rows[n]['mwms']['total']:>11.1f} {rows[n]['mwms']['total'] / (n * base):>10.0%}"
+        elif local_base:
+            line += f" {'-':>11} {'-':>10}"
+        if local_base and "local" in rows[n]:
+            line += f" {rows[n]['local']['total']:>12.1f} {rows[n]['local']['total'] / (n * local_base):>10.0%}"
         print(line)
+    if local_base:
+        print("(alone = the same step with no gradient exchange, each rank on its own: the efficiency "
+              "ceiling of this machine for any data-parallel library)")
     print(f"(efficiency = total img/s / (np * img/s of tfops at np={sizes[0]}); "
           f"command: python {os.path.relpath(__file__)} {' '.join(argv)})")
     if args.json:

@@ -94,10 +94,10 @@ class Engine:
             if config.timeline else None
         self.transport = TimelineTransport(transport) if self.timeline else transport
         self.comm = Communicator(self.transport, config=config, local_size=local_size)
-        self.negotiator = Negotiator(self.rank, self.size, self._allreduce, self.comm.allgather_object,
+        self.negotiator = Negotiator(self.rank, self.size, self._control, self.comm.allgather_object,
                                      capacity=config.cache_capacity)
         self.fusion = Fusion(self.rank, self.size, self._allreduce, self.comm.workspace, self.timeline,
-                             self.transport if self.timeline else None)
+                             self.transport if self.timeline else None, control=self._control)
         self.stall = StallInspector(self.rank, self.size, check_time=config.stall_check_time,
                                     shutdown_time=config.stall_shutdown_time)
         self.pending: dict[str, Entry] = {}
@@ -291,6 +291,13 @@ class Engine:
                 entry.meta = entry.meta[:3] + (f"{entry.compressor.name} -> {entry.payload.dtype}"
                                                f"[{entry.payload.size}]",)
             self.pending[entry.name] = entry
+
+    def _control(self, buf: np.ndarray, op: Op) -> str:
+        """Reduce a small control vector (negotiation, overflow flags) with recursive doubling over
+        the engine's transport: every wait is bounded, so a peer whose engine stopped turns into a
+        ``TransportTimeoutError`` here instead of a hang in ``MPI_Allreduce``."""
+        algorithms.get("rd")(self.transport, buf, op, workspace=self.comm.workspace, segment_bytes=0)
+        return "rd"
 
     def _allreduce(self, buf: np.ndarray, op: Op) -> str:
         """Reduce ``buf`` in place with the configured algorithm; return the algorithm's name."""

@@ -99,9 +99,11 @@ class Fusion:
     """Packs, reduces and unpacks batches for one engine."""
 
     def __init__(self, rank: int, size: int, allreduce: Callable[[np.ndarray, Op], str],
-                 workspace: Workspace, timeline=None, transport=None):
+                 workspace: Workspace, timeline=None, transport=None,
+                 control: Callable[[np.ndarray, Op], str] | None = None):
         self.rank, self.size = rank, size
         self._allreduce = allreduce
+        self._control = control or allreduce      # small flag vectors: bounded waits
         self.workspace = workspace
         self.timeline, self.transport = timeline, transport
         self.residuals: dict[str, np.ndarray] = {}    # error feedback, per tensor name
@@ -200,7 +202,7 @@ class Fusion:
             if overflowed:
                 flags[i * words + word] = 1 << bit
             flags[n * words + i] = 1 if nonfinite else 0
-        self._allreduce(flags, Op.SUM)
+        self._control(flags, Op.SUM)
         nonfinite_in = {e.name for i, e in enumerate(entries) if flags[n * words + i]}
         failed = {}
         for i, e in enumerate(entries):
