@@ -63,7 +63,7 @@ __all__ = ["Engine"]
 
 log = logging.getLogger("allreduce.engine")
 
-IDLE_CYCLES = 1000   # ~1 s at the default cycle before idle cycles stretch
+IDLE_CYCLES = 20     # ~20 ms at the default cycle before idle cycles stretch
 IDLE_FACTOR = 10
 BURST_GAP = 0.2      # x cycle_time: a cycle starts once submits have paused this long
 
