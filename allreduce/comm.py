@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import algorithms, kernels
+from . import algorithms
 from .algorithms import select
 from .algorithms.allgather import allgather as _allgather_blocks
 from .buffers import Workspace, as_flat, device_allreduce, is_device_array, restore

@@ -8,15 +8,20 @@ ALGOS = "ring,mpi"
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
-def test_api_against_mpi_allreduce(np_):
-    out = mpirun(np_, "api_check.py", ALGOS, timeout=240).stdout
-    assert f"on {np_} ranks" in out
+def test_api_tree_rd_and_collectives_against_mpi(np_):
+    """Three matrices in one job per world size (tests/mpi/matrix_check.py): the public API with ring
+    and mpi (api_check.py), tree and rd with small segments (tree_rd_check.py), and rhd, broadcast,
+    allgather, reducescatter (collectives_check.py), each against MPI's own collectives."""
+    out = mpirun(np_, "matrix_check.py", timeout=300).stdout
+    assert "OK" in out and f"cases on {np_} ranks: {ALGOS}" in out, out[-2000:]
+    assert f"OK tree,rd on {np_} ranks" in out, out[-2000:]
+    assert f"collectives_check OK on {np_} ranks" in out, out[-2000:]
 
 
 @pytest.mark.mpi
 def test_64mib_every_algorithm():
     # tree, rhd and rd have their own np = 1..5 MPI matrices (tests/mpi/tree_rd_check.py,
-    # collectives_check.py); here every algorithm also runs the 64 MiB case and the API checks.
+    # collectives_check.py, run by the test above); here every algorithm also runs the 64 MiB case.
     out = mpirun(2, "api_check.py", "ring,tree,rhd,rd,mpi,shm,hierarchical", "--large", timeout=300).stdout
     assert "OK" in out
 

@@ -16,7 +16,7 @@ from allreduce.ops import SUPPORTED_DTYPES, Op
 from allreduce.transport.base import Transport
 from allreduce.transport.threads import run_threads
 
-from .harness import assert_allreduce_ok, make_inputs, mpirun
+from .harness import assert_allreduce_ok, make_inputs
 
 TIMEOUT = 20
 
@@ -252,8 +252,5 @@ def test_broadcast_object_root_mismatch_names_every_rank():
 
 
 # -- MPI -------------------------------------------------------------------------------------
-@pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
-def test_against_mpi_collectives(np_):
-    result = mpirun(np_, "collectives_check.py", timeout=120)
-    assert f"collectives_check OK on {np_} ranks" in result.stdout
+# np = 1..5 under MPI: tests/test_api_mpi.py::test_api_tree_rd_and_collectives_against_mpi runs
+# tests/mpi/collectives_check.py in one job with the API and tree/rd matrices.

@@ -394,8 +394,14 @@ def test_fuzz_engine_metadata_and_settings(settings_, env, from_env, tensors):
         fields = [field for field, var in Config._ENV.items() if var in env]
         assert any(k in text for k in [*settings_, *env, *fields, "unknown setting"]), text
         return
-    with engines(p, **{f: getattr(config, f) for f in ("algorithm", "cycle_time", "fusion_threshold",
-                                                       "cache_capacity", "segment_bytes", "check")}) as engs:
+    chosen = {f: getattr(config, f) for f in ("algorithm", "cycle_time", "fusion_threshold", "cache_capacity",
+                                              "segment_bytes", "check")}
+    if config.algorithm == "mpi":                          # these engines run on threads: refused up front
+        with pytest.raises(ValueError, match="algorithm 'mpi' needs the MPI transport"):
+            with engines(p, **chosen):
+                pass
+        return
+    with engines(p, **chosen) as engs:
         outcomes = [[None] * len(tensors) for _ in range(p)]    # per rank: exception at submit, or handle
         for r, e in enumerate(engs):
             for i, t in enumerate(tensors):
@@ -422,8 +428,8 @@ def test_fuzz_engine_metadata_and_settings(settings_, env, from_env, tensors):
             failed = [isinstance(g, Exception) for g in got]
             assert all(failed) or not any(failed), f"tensor {i} {t}: ranks disagree: {got}"
             if failed[0]:
-                # The same error type everywhere, except a dead engine (algorithm='mpi' over threads, see
-                # RELIABILITY.md): its submits may raise ShutdownError or fail the handle with AllreduceError.
+                # The same error type everywhere, except a dead engine: its submits may raise
+                # ShutdownError or fail the handle with AllreduceError.
                 assert len({type(g) for g in got}) == 1 or all(isinstance(g, AllreduceError) for g in got), got
                 assert all(isinstance(g, (TypeError, ValueError, AllreduceError)) and str(g) for g in got), got
                 if t["vary"] is not None and isinstance(got[0], MismatchError):

@@ -12,7 +12,7 @@ from allreduce.ops import SUPPORTED_DTYPES, Op, bfloat16
 from allreduce.transport.base import Transport
 from allreduce.transport.threads import run_threads
 
-from .harness import assert_allreduce_ok, make_inputs, mpirun, run_algorithm
+from .harness import assert_allreduce_ok, make_inputs, run_algorithm
 
 
 # --- the trees ---------------------------------------------------------------------------------
@@ -156,9 +156,5 @@ def test_every_rank_sends_at_most_2n_and_the_steps_are_marked(p):
     assert marks[0] == [("reduce", k) for k in range(4)] + [("broadcast", k) for k in range(4)]
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
-def test_tree_and_rd_under_mpi_against_mpi_allreduce(np_):
-    # rd rides along in the same job (tests/test_rd.py has no mpirun of its own): one start-up, not two.
-    out = mpirun(np_, "tree_rd_check.py", "tree,rd", "512", timeout=120).stdout
-    assert f"OK tree,rd on {np_} ranks" in out
+# Under MPI, np = 1..5: tests/test_api_mpi.py::test_api_tree_rd_and_collectives_against_mpi runs
+# tests/mpi/tree_rd_check.py (tree and rd) in the same job as the API and collectives matrices.

@@ -156,6 +156,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         comm.sendrecv(mine, peer, other, peer, TAG)          # swap whole buffers with the partner
         if lower:
             _reduce(mine, other, op, k == last, p)           # I am lower: my data is dst
+        elif (k < last or op != Op.AVERAGE) and kernels.reduce_first_into(mine, other, op):
+            pass                                             # mine = other (op) mine, in one call
         else:
             _reduce(other, mine, op, k == last, p)           # partner is lower: its data is dst
             mine, other = other, mine                        # the result now lives in the scratch

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import time
 from functools import lru_cache

@@ -89,6 +89,10 @@ class Engine:
 
     def __init__(self, transport: Transport, *, config: Config | None = None, local_size: int | None = None):
         self.config = config = config or Config()
+        if config.algorithm == "mpi" and getattr(transport, "comm", None) is None:
+            raise InvalidArgumentError(f"rank {transport.rank}: algorithm 'mpi' needs the MPI transport; this "
+                                       f"engine runs on {type(transport).__name__} (use auto, ring, tree, rhd "
+                                       "or rd)")
         self.rank, self.size = transport.rank, transport.size
         self.timeline = Timeline(timeline_path(config.timeline, self.rank), self.rank) \
             if config.timeline else None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 from ..errors import TransportTimeoutError
