@@ -55,6 +55,8 @@ class Communicator:
         self._local = (transport.rank if local_rank is None else local_rank,
                        transport.size if local_size is None else local_size)
         self._mpi_transport = getattr(transport, "comm", None) is not None
+        self._candidates: tuple[str, ...] | None = None
+        self._auto: dict[int, str] = {}          # nbytes -> auto's choice, for this communicator's life
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -76,6 +78,11 @@ class Communicator:
     @property
     def auto_candidates(self) -> tuple[str, ...]:
         """What ``algorithm="auto"`` chooses among on this transport and node layout."""
+        if self._candidates is None:
+            self._candidates = self._list_candidates()
+        return self._candidates
+
+    def _list_candidates(self) -> tuple[str, ...]:
         names = ["ring", "tree", "rhd", "rd"]
         if self._mpi_transport:
             names.append("mpi")                      # the MPI library's own: unbeatable latency
@@ -133,10 +140,18 @@ class Communicator:
             self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                                  algorithm=_ALGO_CODES[algorithm])
         if algorithm == "auto":
-            algorithm = select.choose(flat.nbytes, self.size, candidates=self.auto_candidates,
-                                      path=self.config.costmodel)
+            algorithm = self._auto.get(flat.nbytes) or self.choose(flat.nbytes)
         run = algorithms.get(algorithm)
         run(transport or self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
+
+    def choose(self, nbytes: int) -> str:
+        """``algorithm="auto"``'s pick for ``nbytes`` here; remembered for this communicator's life
+        (the cost model is read once, like the environment: a small call cannot afford more)."""
+        name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel)
+        if len(self._auto) >= 4096:
+            self._auto.clear()
+        self._auto[nbytes] = name
+        return name
 
     def allreduce(self, x, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
         """Return a new array: ``x`` reduced with ``op`` across all ranks. Same shape and dtype."""

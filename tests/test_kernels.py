@@ -140,3 +140,19 @@ def test_branch_free_decode_matches_table(fmt):
     out = np.empty(65536, np.float32)
     decode_all(out, np.arange(65536, dtype=np.uint16), fmt.mant_bits, fmt.bias)
     assert np.array_equal(out.view(np.uint32), fmt.table.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize("op", [Op.SUM, Op.PRODUCT])
+def test_reduce_first_into_puts_src_first(dtype, op):
+    """``dst = src (op) dst`` for recursive doubling's higher rank: the same values as numpy
+    with the operands in that order; Min/Max and 16-bit floats decline (the caller falls back)."""
+    from allreduce import kernels
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 7, 1001).astype(dtype)
+    dst = rng.integers(0, 7, 1001).astype(dtype)
+    want = (np.add if op == Op.SUM else np.multiply)(src, dst)
+    assert kernels.reduce_first_into(dst, src, op)
+    np.testing.assert_array_equal(dst, want)
+    assert not kernels.reduce_first_into(dst, src, Op.MIN)
+    assert not kernels.reduce_first_into(dst.astype(np.float16), src.astype(np.float16), op)

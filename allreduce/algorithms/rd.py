@@ -157,7 +157,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         if lower:
             _reduce(mine, other, op, k == last, p)           # I am lower: my data is dst
         elif (k < last or op != Op.AVERAGE) and kernels.reduce_first_into(mine, other, op):
-            pass                                             # mine = other (op) mine, in one call
+            pass                                             # mine = other (op) mine: no swap, no copy
         else:
             _reduce(other, mine, op, k == last, p)           # partner is lower: its data is dst
             mine, other = other, mine                        # the result now lives in the scratch

@@ -46,7 +46,6 @@ import time
 import numpy as np
 
 from .. import algorithms
-from ..algorithms import select
 from ..comm import Communicator
 from ..config import Config
 from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
@@ -307,8 +306,7 @@ class Engine:
         """Reduce ``buf`` in place with the configured algorithm; return the algorithm's name."""
         name = self.config.algorithm
         if name == "auto":
-            name = select.choose(buf.nbytes, self.size, candidates=self.comm.auto_candidates,
-                                 path=self.config.costmodel)
+            name = self.comm._auto.get(buf.nbytes) or self.comm.choose(buf.nbytes)
         algorithms.get(name)(self.transport, buf, op, workspace=self.comm.workspace,
                              segment_bytes=self.config.segment_bytes)
         return name

@@ -24,23 +24,13 @@ __all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "finish", "
 _NATIVE = {Op.SUM: cpu.sum_into, Op.AVERAGE: cpu.sum_into, Op.PRODUCT: cpu.prod_into,
            Op.MIN: cpu.min_into, Op.MAX: cpu.max_into}
 _HALF = {np.dtype(np.float16): half.FLOAT16, bfloat16: half.BFLOAT16}
+_FIRST = {Op.SUM: cpu.sum_first_into, Op.AVERAGE: cpu.sum_first_into, Op.PRODUCT: cpu.prod_first_into}
 _NATIVE_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8))
-
-
-SMALL = 512
-"""Up to this many elements a Sum or Product of a native dtype is one numpy ufunc call: for a
-latency-bound message numba's dispatch (~1.5 us) costs more than the arithmetic. IEEE addition
-and multiplication give the same bits either way; Min/Max keep the numba kernels, whose
-treatment of signed zeros is ours."""
-_UFUNC = {Op.SUM: np.add, Op.AVERAGE: np.add, Op.PRODUCT: np.multiply}
 
 
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: Op) -> None:
     """``dst = dst (op) src`` elementwise. For Average this is the plain sum."""
     if dst.size == 0:
-        return
-    if dst.size <= SMALL and op in _UFUNC and dst.dtype in _NATIVE_DTYPES:
-        _UFUNC[op](dst, src, out=dst)
         return
     fmt = _HALF.get(dst.dtype)
     if fmt is not None:
@@ -51,16 +41,18 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: Op) -> None:
 
 
 def reduce_first_into(dst: np.ndarray, src: np.ndarray, op: Op) -> bool:
-    """``dst = src (op) dst`` (``src`` the first operand) if that is one cheap call; True if done.
+    """``dst = src (op) dst`` (``src`` the first operand) for Sum and Product; True if done.
 
-    Recursive doubling needs ``lower (op) higher`` on both partners; the higher
-    rank can then keep the result in its own buffer instead of copying it back.
-    Only the small-message ufunc path offers the swapped order.
+    Recursive doubling needs ``lower (op) higher`` on both partners; with this
+    the higher rank keeps the result in its own buffer instead of copying it
+    back. Min, Max and the 16-bit formats return False (use :func:`reduce_into`).
     """
-    if dst.size <= SMALL and op in (Op.SUM, Op.PRODUCT) and dst.dtype in _NATIVE_DTYPES:
-        _UFUNC[op](src, dst, out=dst)
-        return True
-    return dst.size == 0
+    kernel = _FIRST.get(op)
+    if kernel is None or dst.dtype not in _NATIVE_DTYPES:
+        return False
+    if dst.size:
+        kernel(dst, src)
+    return True
 
 
 def reduce_finish_into(dst: np.ndarray, src: np.ndarray, op: Op, nranks: int) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["sum_into", "prod_into", "min_into", "max_into",
+__all__ = ["sum_into", "prod_into", "sum_first_into", "prod_first_into", "min_into", "max_into",
            "sum_avg_into", "avg_inplace", "int_sum_avg_into", "int_avg_inplace"]
 
 
@@ -29,6 +29,19 @@ def sum_into(dst, src):
 def prod_into(dst, src):
     for i in range(dst.size):
         dst[i] = dst[i] * src[i]
+
+
+@njit(nogil=True, cache=True)
+def sum_first_into(dst, src):
+    """``dst = src + dst``: the operands in the other order (NaN payloads follow the first)."""
+    for i in range(dst.size):
+        dst[i] = src[i] + dst[i]
+
+
+@njit(nogil=True, cache=True)
+def prod_first_into(dst, src):
+    for i in range(dst.size):
+        dst[i] = src[i] * dst[i]
 
 
 @njit(nogil=True, cache=True)
