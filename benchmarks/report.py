@@ -49,7 +49,7 @@ SWEEPS = {  # name: (ranks, script, arguments)
     "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 2 -n 50 -w 10 --repeats 5 --budget 0.3 "
                                          "--algorithms rd,tree,rhd,ring,mpi,mpi4py,gloo"),
     "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 3 --budget 0.45 -c "
-                                     "--algorithms ring,tree,rhd,rd,shm,mpi,mpi4py,gloo"),
+                                     "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2"),
 }
 QUICK = {  # --quick: the same pipeline in well under a minute, to check the plumbing (no 64 MiB row)
