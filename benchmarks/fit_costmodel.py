@@ -128,17 +128,33 @@ def predict(constants: dict[str, float], algorithm: str, nbytes: int, p: int) ->
     return a * constants["alpha"] + b * nbytes * constants["beta"] + g * nbytes * constants["gamma"]
 
 
-def write_constants(path: Path, constants: dict[str, dict[str, float]], sources: list[str]) -> None:
-    """Merge ``constants`` into the JSON file ``select.constants()`` reads (other algorithms kept)."""
+def measured_table(rows: list[dict]) -> dict[str, list]:
+    """``{p: [[size_bytes, {algorithm: time_us}], ...]}``: what ``select.choose`` picks from directly
+    when the world size was measured (a straight line per algorithm misses cache effects: native
+    MPI here is the fastest up to 4 MiB and the slowest at 64 MiB)."""
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for r in rows:
+        if r["algorithm"] in select.DEFAULTS and int(r["ranks"]) > 1:
+            row = table.setdefault(str(int(r["ranks"])), {}).setdefault(int(r["size_bytes"]), {})
+            row[r["algorithm"]] = min(float(r["time_us"]), row.get(r["algorithm"], float("inf")))
+    return {p: [[size, times] for size, times in sorted(sizes.items())] for p, sizes in table.items()}
+
+
+def write_constants(path: Path, constants: dict[str, dict[str, float]], sources: list[str],
+                    measured: dict[str, list] | None = None) -> None:
+    """Merge ``constants`` (and the measured table, per world size) into the JSON file
+    ``select.constants()`` reads (other algorithms and world sizes kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = {}
+    table, old_measured = {}, {}
     if path.is_file():
         try:
-            table = json.loads(path.read_text()).get("constants", {})
+            old = json.loads(path.read_text())
+            table, old_measured = old.get("constants", {}), old.get("measured", {})
         except ValueError:
-            table = {}
+            pass
     table.update(constants)
-    path.write_text(json.dumps({"constants": table, "sources": sources,
+    old_measured.update(measured or {})
+    path.write_text(json.dumps({"constants": table, "measured": old_measured, "sources": sources,
                                 "fitted_by": "benchmarks/fit_costmodel.py"}, indent=1) + "\n")
 
 
@@ -178,7 +194,7 @@ def main(argv=None) -> int:
     print(report(rows, constants))
     if not args.dry_run:
         out = Path(args.out) if args.out else select.default_path()
-        write_constants(out, constants, [os.path.abspath(p) for p in args.runs])
+        write_constants(out, constants, [os.path.abspath(p) for p in args.runs], measured_table(rows))
         print(f"# wrote {out}")
     return 0
 

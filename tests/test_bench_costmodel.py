@@ -116,3 +116,30 @@ def test_report_training_ratios_and_goals():
     text = "\n".join(report.training_goals(data))
     assert "not measured in this run" in text and "**75%** (goal >= 90%): **not met**." in text
     assert "Caution" in text
+
+
+def test_measured_table_decides_for_measured_world_sizes(tmp_path):
+    """fit_costmodel keeps the measured times per world size; choose() interpolates them in log(size)
+    for that p, and falls back to the model for another p or an unmeasured candidate."""
+    from allreduce.algorithms import select
+    from benchmarks import fit_costmodel
+    rows = [{"algorithm": a, "ranks": 2, "size_bytes": n, "time_us": t} for a, n, t in [
+        ("mpi", 1024, 5.0), ("ring", 1024, 50.0), ("mpi", 1 << 20, 900.0), ("ring", 1 << 20, 300.0),
+        ("mpi", 1 << 26, 9000.0), ("ring", 1 << 26, 20000.0)]]
+    table = fit_costmodel.measured_table(rows)
+    assert table == {"2": [[1024, {"mpi": 5.0, "ring": 50.0}], [1 << 20, {"mpi": 900.0, "ring": 300.0}],
+                           [1 << 26, {"mpi": 9000.0, "ring": 20000.0}]]}
+    path = tmp_path / "cm.json"
+    fit_costmodel.write_constants(path, {}, ["test"], table)
+    select.clear_cache()
+    try:
+        pick = lambda n, p=2, c=("ring", "mpi"): select.choose(n, p, candidates=c, path=str(path))  # noqa: E731
+        assert pick(8) == "mpi" and pick(1024) == "mpi"            # below and at the smallest size
+        assert pick(1 << 20) == "ring" and pick(1 << 22) == "ring"  # measured, and interpolated
+        assert pick(1 << 26) == "mpi" and pick(1 << 30) == "mpi"    # at and beyond the largest
+        assert pick(1 << 20, c=("ring", "mpi", "tree")) == select.choose(
+            1 << 20, 2, candidates=("ring", "mpi", "tree"), path=str(tmp_path / "none.json"))  # tree unmeasured
+        assert pick(1 << 20, p=3) == select.choose(1 << 20, 3, candidates=("ring", "mpi"),
+                                                   path=str(tmp_path / "none.json"))         # p = 3 unmeasured
+    finally:
+        select.clear_cache()

@@ -13,6 +13,14 @@ message costs more than one inside MPI.
 The constants live in one place: ``DEFAULTS`` below, overridden by the file
 ``benchmarks/fit_costmodel.py`` writes from a real run on this machine
 (``~/.cache/allreduce/costmodel-<host>.json``, or ``ALLREDUCE_COSTMODEL``).
+
+That file also keeps the measured times themselves, per world size. For a
+world size it has, ``choose`` goes by them (interpolated between the two
+measured sizes around n) rather than by the straight lines: caches make
+real times bend (native MPI here is the fastest up to 4 MiB and the slowest
+at 64 MiB), which no alpha-beta-gamma line follows. Every rank must read the
+same file, as every rank must choose the same algorithm: on one node they do.
+(Interpolation is in log(time) over log(size): times grow as a power of n.)
 """
 from __future__ import annotations
 
@@ -84,6 +92,7 @@ def default_path() -> Path:
 def clear_cache() -> None:
     """Forget cached constants and choices (after changing HOME or a cost-model file in a test)."""
     _STAMPS.clear()
+    _read.cache_clear()
     _load.cache_clear()
     _choose.cache_clear()
 
@@ -112,13 +121,21 @@ def _stamp(path: str) -> tuple[str, int | None]:
 
 
 @lru_cache(maxsize=8)
+def _read(file: str, mtime: int | None) -> dict:
+    if mtime is None:
+        return {}
+    try:
+        data = json.loads(Path(file).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@lru_cache(maxsize=8)
 def _load(file: str, mtime: int | None) -> dict[str, dict[str, float]]:
     table = {k: dict(v) for k, v in DEFAULTS.items()}
     if mtime is not None:
-        try:
-            fitted = json.loads(Path(file).read_text()).get("constants", {})
-        except (OSError, ValueError):
-            fitted = {}
+        fitted = _read(file, mtime).get("constants", {})
         for name, values in fitted.items():
             if name in table:
                 table[name].update({k: float(v) for k, v in values.items() if k in ("alpha", "beta", "gamma")})
@@ -157,5 +174,33 @@ def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), pat
 
 @lru_cache(maxsize=4096)
 def _choose(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, int | None]) -> str:
+    measured = _measured_choice(nbytes, p, candidates, _read(*stamp).get("measured", {}))
+    if measured is not None:
+        return measured
     table = _load(*stamp)
     return min(candidates, key=lambda name: _predict(name, nbytes, p, table))
+
+
+def _measured_choice(nbytes: int, p: int, candidates: tuple[str, ...], measured: dict) -> str | None:
+    """From a benchmark of this world size on this machine: the fastest candidate, interpolating
+    each one's log(time) linearly in log(size) between the two measured sizes around ``nbytes``
+    (the nearest measured size outside the range). None when ``p`` was not measured, or when a
+    candidate was not: then the model decides."""
+    rows = measured.get(str(p)) if isinstance(measured, dict) else None
+    if not rows:
+        return None
+    sizes = [int(size) for size, _ in rows]
+    x = math.log2(max(nbytes, 1))
+    hi = next((i for i, size in enumerate(sizes) if size >= nbytes), len(sizes) - 1)
+    lo = max(hi - 1, 0) if sizes[hi] > nbytes else hi
+    xs = [math.log2(max(sizes[lo], 1)), math.log2(max(sizes[hi], 1))]
+    w = 0.0 if xs[1] == xs[0] else min(max((x - xs[0]) / (xs[1] - xs[0]), 0.0), 1.0)
+    best, best_t = None, math.inf
+    for name in candidates:
+        if name not in rows[lo][1] or name not in rows[hi][1]:
+            return None
+        t0, t1 = max(float(rows[lo][1][name]), 1e-9), max(float(rows[hi][1][name]), 1e-9)
+        t = t0 ** (1 - w) * t1 ** w                       # a power law between the two sizes
+        if t < best_t:
+            best, best_t = name, t
+    return best
