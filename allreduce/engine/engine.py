@@ -158,7 +158,8 @@ class Engine:
             self._inflight.add(name)
             self._queue.append(entry)
         self._last_submit = time.monotonic()
-        self._wake.set()                     # the engine starts a cycle once this burst of submits ends
+        if not self._wake.is_set():          # Event.set takes a lock and notifies: only when it is needed
+            self._wake.set()                 # the engine starts a cycle once this burst of submits ends
         return handle
 
     def shutdown(self, timeout: float | None = None) -> None:

@@ -122,9 +122,16 @@ class Fusion:
 
         # Pack: a lone plain tensor is reduced in its result array (no fusion buffer needed):
         # the caller's own array for an in-place allreduce, else a copy.
+        plain = not single and not fused_half and not custom
         if single:
             buf = entries[0].flat if entries[0].inplace else np.array(entries[0].flat, copy=True)
             bad = [(0, 0)]
+        elif plain:
+            # One C call packs them all: a copy per tensor costs more in Python (and in handing
+            # the GIL back and forth with submitting threads) than the bytes it moves.
+            buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
+            np.concatenate([e.flat for e in entries], out=buf)
+            bad = [(0, 0)] * len(entries)
         else:
             buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
             bad = [self._pack(e, buf[offsets[i]:offsets[i + 1]], scale, fused_half)
@@ -141,6 +148,15 @@ class Fusion:
         phases = self.transport.stop(t_unpack) if self.transport is not None else []
 
         results: list[tuple[Entry, object]] = []
+        if plain:
+            # One copy out of the reused buffer; each result is a view of its own part of it.
+            out = buf.copy()
+            for i, e in enumerate(entries):
+                part = out[offsets[i]:offsets[i + 1]]
+                results.append((e, e.output(part) if e.inplace else part.reshape(e.array.shape)))
+            if self.timeline is not None:
+                self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)
+            return results
         for i, e in enumerate(entries):
             if e.name in failed:
                 results.append((e, failed[e.name]))
