@@ -263,7 +263,8 @@ def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray,
         if not role.segs:
             continue
         if recvs[t]:
-            comm.wait_all(recvs[t])                  # every child's partial sum of this half
+            comm.wait_all(recvs[t] + sends)          # every child's partial sum (and what went up so far)
+            sends.clear()
             last = len(role.children) - 1
             for j in range(last + 1):
                 if role.parent < 0 and j == last:
@@ -281,7 +282,8 @@ def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray,
         if not role.segs:
             continue
         if downs[t] is not None:
-            downs[t].wait()
+            comm.wait_all([downs[t]] + sends)       # the finished half from the parent
+            sends.clear()
         for child in role.children:
             sends.append(comm.isend(halves[t], child, role.down))
     wait_all(comm, sends)
