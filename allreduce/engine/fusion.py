@@ -55,9 +55,14 @@ class Batch:
 
 
 def _wire(entry: Entry) -> tuple[np.dtype, int]:
-    if entry.payload is not None:
-        return entry.payload.dtype, entry.payload.size
-    return entry.compressor.wire_dtype(entry.flat.dtype), entry.flat.size
+    wire = entry.wire                 # computed once: plan and run both ask, per tensor
+    if wire is None:
+        if entry.payload is not None:
+            wire = entry.payload.dtype, entry.payload.size
+        else:
+            wire = entry.compressor.wire_dtype(entry.flat.dtype), entry.flat.size
+        entry.wire = wire
+    return wire
 
 
 DIRECT_BYTES = 1 << 20

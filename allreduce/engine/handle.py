@@ -107,12 +107,13 @@ class Entry:
     """One submitted tensor inside the engine (owned by the engine thread after submit)."""
 
     __slots__ = ("name", "array", "flat", "op", "compressor", "handle", "meta", "payload", "ctx",
-                 "submitted", "announced", "seen", "locked", "inplace")
+                 "submitted", "announced", "seen", "locked", "inplace", "wire")
 
     def __init__(self, name: str, array: np.ndarray, op: Op, compressor, handle: Handle,
                  inplace: bool = False):
         self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
         self.inplace = inplace                   # the result goes into ``array`` itself
+        self.wire: tuple | None = None           # (dtype, count) on the wire, once known (fusion._wire)
         self.flat = np.ascontiguousarray(array).reshape(-1)
         # The engine reads the caller's memory only when every rank is ready, so a write in
         # between would change the result silently: make the array read-only until then
