@@ -114,11 +114,12 @@ class Entry:
         self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
         self.inplace = inplace                   # the result goes into ``array`` itself
         self.wire: tuple | None = None           # (dtype, count) on the wire, once known (fusion._wire)
-        self.flat = np.ascontiguousarray(array).reshape(-1)
+        contiguous = array.flags.c_contiguous
+        self.flat = array.reshape(-1) if contiguous else np.ascontiguousarray(array).reshape(-1)
         # The engine reads the caller's memory only when every rank is ready, so a write in
         # between would change the result silently: make the array read-only until then
         # (a write raises "assignment destination is read-only"). A copy needs no lock.
-        self.locked = array.flags.writeable and np.may_share_memory(self.flat, array)
+        self.locked = array.flags.writeable and (contiguous or np.may_share_memory(self.flat, array))
         if self.locked:
             array.flags.writeable = False
         self.meta: Meta = (tuple(array.shape), _dtype_name(array.dtype), int(op), compressor.name)
@@ -126,7 +127,7 @@ class Entry:
         self.ctx: Any = None
         self.submitted = time.monotonic()
         self.announced = False                   # sent through the slow path (uncached names)
-        self.seen: set[int] = set()              # ranks known ready (timeline ticks)
+        self.seen: frozenset[int] = frozenset()  # ranks known ready (timeline ticks)
 
     def output(self, flat_result: np.ndarray) -> np.ndarray:
         """Where an in-place result lives: ``flat`` when it is the caller's memory, else copied back."""
