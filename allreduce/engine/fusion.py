@@ -90,7 +90,7 @@ def plan(ready: list[Entry], threshold: int) -> list[Batch]:
             batch.nbytes = nbytes
             batches.append(batch)
             continue
-        key = (entry.flat.dtype.str, wire.str, entry.op, entry.compressor.name)
+        key = (entry.flat.dtype, wire, entry.op, entry.compressor.name)   # dtypes hash by value
         batch = open_.get(key)
         if batch is None or (batch.entries and batch.nbytes + nbytes > threshold):
             batch = open_[key] = Batch(wire, entry.op, entry.compressor)
