@@ -14,7 +14,7 @@ tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
 thread per rank, and scaling efficiency against -np 1.
 
 Everything in BENCHMARKS.md comes from this one run: the tables are the
-benchmarks' own stdout, verbatim; the ratios are computed from the same
+benchmarks' own stdout, verbatim; the ratios (benchmarks/goals.py) are computed from the same
 JSON; results (JSON, text, PNG, fitted constants) go to benchmarks/results/.
 The fit is written to benchmarks/results/costmodel.json, not to the
 per-machine cache ``select`` reads; install it with
@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,11 +36,10 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import common  # noqa: E402
+from benchmarks.goals import goals_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"   # --quick points this at a temporary folder: never over real results
-BW_SIZE = 64 << 20          # the size of the bandwidth goal
-LAT_MAX = 4 << 10           # latency goal: 8 B .. 4 KiB
 
 SWEEPS = {  # name: (ranks, script, arguments)
     "np2": (2, "allreduce_bench.py", "-b 16 -e 64M -f 4 -n 20 -w 5 --repeats 3 --budget 0.6 -c "
@@ -63,38 +61,6 @@ QUICK = {  # --quick: the same pipeline in well under a minute, to check the plu
 # The end-to-end training benchmark: one mpirun per world size, launched by the script itself.
 TRAINING = ("examples/synthetic_benchmark.py", "--scaling 1,2 --compare-mwms --local-baseline --threads 1")
 SECTIONS = [*SWEEPS, "training"]
-
-
-def bandwidth_ratio(records: list[dict], *, size: int = BW_SIZE, ours: str = "ring", native: str = "mpi"
-                    ) -> float | None:
-    """busbw of ``ours`` over busbw of ``native`` at ``size`` bytes (None if either is missing)."""
-    bw = {r["algorithm"]: r["busbw_gbps"] for r in records if r["size_bytes"] == size}
-    return bw[ours] / bw[native] if ours in bw and native in bw and bw[native] > 0 else None
-
-
-def latency_ratios(records: list[dict], ours: str, *, native: str = "mpi", max_size: int = LAT_MAX
-                   ) -> dict[int, float]:
-    """{size: time(ours) / time(native)} for every size up to ``max_size`` timed for both."""
-    t = {(r["algorithm"], r["size_bytes"]): r["time_us"] for r in records if r["size_bytes"] <= max_size}
-    return {s: t[(ours, s)] / t[(native, s)] for (a, s) in sorted(t) if a == ours and (native, s) in t}
-
-
-def training_ratios(data: dict, np_: int = 2) -> dict[str, float | None]:
-    """From training.json: tfops / MWMS img/s at ``np_`` ranks, and both scaling efficiencies vs the smallest np.
-
-    Efficiency is total img/s at ``np_`` over ``np_`` times tfops' img/s at the smallest world size
-    (MWMS needs 2 ranks, so both are measured against the same single-process baseline).
-    """
-    runs = data["runs"]
-    base_n = min(int(n) for n in runs)
-    base = runs[str(base_n)]["tfops"]["total"] / base_n
-    row = runs.get(str(np_), {})
-    tfops, mwms = row.get("tfops", {}).get("total"), row.get("mwms", {}).get("total")
-    local, local_base = row.get("local", {}).get("total"), runs[str(base_n)].get("local", {}).get("total")
-    return {"vs_mwms": tfops / mwms if tfops and mwms else None,
-            "efficiency": tfops / (np_ * base) if tfops and base > 0 else None,
-            "mwms_efficiency": mwms / (np_ * base) if mwms and base > 0 else None,
-            "local_efficiency": local / (np_ * local_base / base_n) if local and local_base else None}
 
 
 def _env() -> dict:
@@ -187,132 +153,6 @@ def _clean(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text).rstrip()
 
 
-def _verdict(x: float | None, goal: str, met: bool) -> str:
-    if x is None:
-        return "not measured in this run (no row for both at that size)."
-    return f"**{x:.2f}x** (goal {goal}): " + ("**met**." if met else "**not met**.")
-
-
-OURS = ("ring", "tree", "rhd", "rd", "shm", "mpi")    # what auto chooses among (mpi: native, on MPI)
-
-
-def shm_and_auto_goals(records: list[dict], label: str) -> list[str]:
-    """The shared-memory issue's goals at one world size: shm vs native from 4 MiB up, and auto vs
-    the best single algorithm at every size."""
-    t = {(r["algorithm"], r["size_bytes"]): r for r in records}
-    lines = []
-    big = sorted(s for (a, s) in t if a == "shm" and s >= 4 << 20 and ("mpi", s) in t)
-    if big:
-        ratios = {s: t[("shm", s)]["busbw_gbps"] / t[("mpi", s)]["busbw_gbps"] for s in big}
-        worst = min(ratios.values())
-        cells = ", ".join(f"{common.human_size(s)}: {r:.2f}" for s, r in ratios.items())
-        lines.append(f"- shm busbw / native MPI, {label}, 4 MiB and up, worst size: "
-                     + _verdict(worst, ">= 1.5x", worst >= 1.5) + f" Per size: {cells}")
-        bounds = [t[("shm", s)].get("bound_frac") for s in big]
-        if all(b is not None for b in bounds):
-            low = min(bounds)
-            lines.append(f"- shm %bound (algbw / (B_mem/(2p))), {label}, 4 MiB and up, worst size: "
-                         f"**{low:.0%}** (goal >= 60%): " + ("**met**." if low >= 0.6 else "**not met**.")
-                         + " shm moves (7p-5)/p bytes per byte through memory (copy in, reduce, publish, "
-                         "copy out); 60% of the bound allows about 3.3 per rank at p = 2.")
-    sizes = sorted(s for (a, s) in t if a == "auto")
-    if sizes:
-        worst, where = 0.0, None
-        for s in sizes:
-            best = min((t[(a, s)]["time_us"], a) for a in OURS if (a, s) in t)
-            ratio = t[("auto", s)]["time_us"] / best[0]
-            if ratio > worst:
-                worst, where = ratio, (s, best[1])
-        lines.append(f"- auto / best single algorithm, {label}, worst size: "
-                     + _verdict(worst, "<= 1.10x at every size", worst <= 1.10)
-                     + (f" (at {common.human_size(where[0])}, where {where[1]} was fastest)" if where else ""))
-    return lines
-
-
-def goals_section(runs: dict) -> list[str]:
-    """The ratios the issues ask for, from the same run, with an honest verdict each."""
-    lines = ["## Goals (same-run ratios)", ""]
-    main = runs.get("np2", (None, None))[1]
-    if main:
-        ratio = bandwidth_ratio(main["records"])
-        lines.append("Native MPI is `mpi`: MPI_Allreduce behind the same Python entry point as ours "
-                     "(`Communicator.allreduce_`), so the ratios compare algorithms, not call overheads.")
-        machine = main.get("machine", {})
-        load, cores = (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
-        if load > cores:
-            lines.append(f"Caution: the machine was shared while this ran (load average {load:g} on {cores} cores "
-                         "at the start of the sweep). Rows are the best of several round-robin blocks, which "
-                         "removes much of that, not all; rerun on an idle machine before trusting a close call.")
-        lines.append("")
-        lines.append("- ring busbw at 64 MiB float32 / native MPI (`mpi`), -np 2: "
-                     + _verdict(ratio, ">= 0.9x", ratio is not None and ratio >= 0.9))
-        alt = bandwidth_ratio(main["records"], native="mpi4py")
-        if alt is not None:
-            lines.append(f"  (vs MPI_Allreduce called straight through mpi4py: {alt:.2f}x)")
-    for name, label in (("np2", "-np 2"), ("np4", "-np 4 (oversubscribed)")):
-        data = runs.get(name, (None, None))[1]
-        if data:
-            lines += shm_and_auto_goals(data["records"], label)
-    lat = runs.get("latency", (None, None))[1]
-    if lat:
-        for algo in ("rd", "tree"):
-            per = latency_ratios(lat["records"], algo)
-            if not per:
-                lines.append(f"- {algo} latency 8 B..4 KiB / native: not measured")
-                continue
-            worst = max(per.values())
-            cells = ", ".join(f"{common.human_size(s)}: {r:.2f}" for s, r in per.items())
-            lines.append(f"- {algo} latency 8 B..4 KiB / native MPI (`mpi`), worst size: "
-                         + _verdict(worst, "<= 2x at every size", worst <= 2)
-                         + f" Median over sizes {statistics.median(per.values()):.2f}x. Per size: {cells}")
-            raw = latency_ratios(lat["records"], algo, native="mpi4py")
-            if raw:
-                lines.append(f"  (vs MPI_Allreduce straight through mpi4py, without our Python entry path: "
-                             f"worst {max(raw.values()):.2f}x, median {statistics.median(raw.values()):.2f}x)")
-    training = runs.get("training", (None, None))[1]
-    if training:
-        lines += training_goals(training)
-    engine = runs.get("engine", (None, None))[1]
-    if engine:
-        lines += engine_goals(engine["records"])
-    return lines + [""]
-
-
-def engine_goals(records: list[dict]) -> list[str]:
-    """The engine issue's four speed goals, from one engine_bench run."""
-    t = {(r["mode"], r["algorithm"], r["size_bytes"]): r["time_us"] for r in records}
-    by = {(m, a): v for (m, a, _), v in t.items()}
-    lines = []
-    if ("fusion", "engine") in by and ("fusion", "unfused-blocking") in by:
-        gain = by[("fusion", "unfused-blocking")] / by[("fusion", "engine")]
-        line = ("- engine fusion, 1000 x 4 KiB: 1000 blocking allreduces / one engine pass = "
-                + _verdict(gain, ">= 20x", gain >= 20))
-        if ("fusion", "native-unfused") in by and ("fusion", "native-fused") in by:
-            bound = by[("fusion", "native-unfused")] / by[("fusion", "native-fused")]
-            line += (f" The same comparison in C (1000 MPI_Allreduce calls / one on the joined 4 MB) gains "
-                     f"{bound:.1f}x: on one node a 4 KiB allreduce costs microseconds and 4 MB take "
-                     "milliseconds of memory traffic, so no fusion can reach 20x here.")
-        lines.append(line)
-    for variant in ("engine-161", "engine-161-inplace"):
-        if ("resnet50", variant) in by and ("resnet50", "raw-allreduce") in by:
-            ratio = by[("resnet50", variant)] / by[("resnet50", "raw-allreduce")]
-            how = "in place (`allreduce_async_`)" if variant.endswith("inplace") else "new result arrays"
-            lines.append(f"- engine ResNet-50 step (161 tensors, 25.6 M float32), {how} / one raw allreduce: "
-                         + _verdict(ratio, "<= 1.25x", ratio <= 1.25))
-    if ("latency", "engine-roundtrip") in by:
-        us = by[("latency", "engine-roundtrip")]
-        lines.append(f"- engine round trip of one 4-byte tensor: **{us:.0f} us** (goal: well under Horovod's "
-                     f"~1 ms cycle, taken here as <= 500 us): " + ("**met**." if us <= 500 else "**not met**."))
-    sizes = sorted(s for (m, a, s) in t if m == "compression" and a == "fp16" and (m, "none", s) in t)
-    if sizes:
-        size = sizes[-1]
-        gain = t[("compression", "none", size)] / t[("compression", "fp16", size)]
-        lines.append(f"- engine fp16 compression at {size >> 20} MiB: fp32 time / fp16 time = "
-                     + _verdict(gain, ">= 1.6x", gain >= 1.6)
-                     + " On one node the wire is memory: the casts cost about what the halved traffic saves.")
-    return lines
-
-
 def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, header: str, notes: list[str] = ()
            ) -> str:
     """The page: header, goals, one section per run (command, plot, verbatim stdout), the fit."""
@@ -346,40 +186,6 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
                   f"--out {_rel(RESULTS / 'costmodel.json')}", "```", "",
                   "```", fit_text.rstrip(), "```", ""]
     return "\n".join(lines)
-
-
-def training_goals(data: dict) -> list[str]:
-    """The two training ratios (issues 4 and 5) with their goals, each met / not met."""
-    r = training_ratios(data)
-    row = data["runs"].get("2", {})
-    lines = []
-    machine = data.get("machine", {})
-    load, cores = (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
-    if load > cores:
-        lines.append(f"- Caution for the training rows: load average {load:g} on {cores} cores when they started; "
-                     "with one thread per rank, other jobs take cores from the ranks. Rerun "
-                     "`python benchmarks/report.py --only training` on an idle machine before trusting them.")
-    if r["vs_mwms"] is None:
-        lines.append("- training, tfops img/s / MultiWorkerMirroredStrategy img/s, -np 2: not measured in this run.")
-    else:
-        t, m = row["tfops"], row["mwms"]
-        n = row["np"]
-        lines.append("- training, tfops img/s / MultiWorkerMirroredStrategy img/s, same model and batch, -np 2, "
-                     "one thread per rank: " + _verdict(r["vs_mwms"], ">= 1.0x", r["vs_mwms"] >= 1.0)
-                     + f" ({t['total']:.1f} +-{n * t['conf']:.1f} against {m['total']:.1f} +-{n * m['conf']:.1f} "
-                     "img/s in total)")
-    eff = r["efficiency"]
-    if eff is None:
-        lines.append("- training, scaling efficiency -np 2 vs -np 1: not measured in this run.")
-    else:
-        lines.append(f"- training, tfops scaling efficiency -np 2 vs -np 1: **{eff:.0%}** (goal >= 90%): "
-                     + ("**met**." if eff >= 0.9 else "**not met**.")
-                     + (f" (MWMS against the same -np 1 baseline: {r['mwms_efficiency']:.0%})"
-                        if r["mwms_efficiency"] is not None else "")
-                     + (f" The same step with no gradient exchange at all (every rank training alone) "
-                        f"scales by {r['local_efficiency']:.0%} on this machine: that is the ceiling for any "
-                        "data-parallel library here." if r.get("local_efficiency") is not None else ""))
-    return lines
 
 
 def training_preface(data: dict | None) -> list[str]:

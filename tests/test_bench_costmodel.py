@@ -1,4 +1,4 @@
-"""fit_costmodel recovers known constants from synthetic timings; report.py's ratio arithmetic."""
+"""fit_costmodel recovers known constants from synthetic timings; the goals' ratio arithmetic (goals.py)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from allreduce.algorithms import select
-from benchmarks import fit_costmodel, report
+from benchmarks import fit_costmodel, goals
 
 TRUE = {"ring": {"alpha": 30e-6, "beta": 0.4e-9, "gamma": 0.12e-9},
         "tree": {"alpha": 12e-6, "beta": 0.3e-9, "gamma": 0.12e-9},
@@ -82,9 +82,9 @@ def test_report_ratios():
             for a, s, bw, t in [("ring", 64 << 20, 1.8, 0), ("mpi", 64 << 20, 2.0, 0),
                                 ("rd", 8, 0, 30.0), ("mpi", 8, 0, 10.0), ("rd", 4096, 0, 40.0),
                                 ("mpi", 4096, 0, 40.0), ("rd", 8192, 0, 99.0), ("mpi", 8192, 0, 1.0)]]
-    assert report.bandwidth_ratio(recs) == pytest.approx(0.9)
-    assert report.bandwidth_ratio(recs, ours="tree") is None
-    assert report.latency_ratios(recs, "rd") == {8: pytest.approx(3.0), 4096: pytest.approx(1.0)}
+    assert goals.bandwidth_ratio(recs) == pytest.approx(0.9)
+    assert goals.bandwidth_ratio(recs, ours="tree") is None
+    assert goals.latency_ratios(recs, "rd") == {8: pytest.approx(3.0), 4096: pytest.approx(1.0)}
 
 
 def test_report_goals_say_met_not_met_or_not_measured():
@@ -92,12 +92,12 @@ def test_report_goals_say_met_not_met_or_not_measured():
         return {"algorithm": algo, "size_bytes": size, "busbw_gbps": busbw, "time_us": t}
     runs = {"np2": ("", {"records": [rec("ring", 64 << 20, 1.0), rec("mpi", 64 << 20, 2.0)]}, ""),
             "latency": ("", {"records": [rec("rd", 8, t=10), rec("mpi", 8, t=10), rec("tree", 8, t=25)]}, "")}
-    text = "\n".join(report.goals_section(runs))
+    text = "\n".join(goals.goals_section(runs))
     assert "ring busbw at 64 MiB float32 / native MPI (`mpi`), -np 2: **0.50x** (goal >= 0.9x): **not met**." in text
     assert "rd latency 8 B..4 KiB / native MPI (`mpi`), worst size: **1.00x**" in text and "**met**." in text
     assert "tree latency" in text and "**2.50x** (goal <= 2x at every size): **not met**." in text
     runs["np2"] = ("", {"records": [rec("ring", 64 << 20, 1.0)]}, "")
-    assert "not measured in this run" in "\n".join(report.goals_section(runs))
+    assert "not measured in this run" in "\n".join(goals.goals_section(runs))
 
 
 def test_report_training_ratios_and_goals():
@@ -105,15 +105,15 @@ def test_report_training_ratios_and_goals():
         r = {"np": n, "tfops": {"total": tfops, "conf": 1.0}}
         return r | ({"mwms": {"total": mwms, "conf": 1.0}} if mwms else {})
     data = {"runs": {"1": row(1, 100.0), "2": row(2, 190.0, 200.0)}, "machine": {"loadavg": [0.5], "cores": 2}}
-    r = report.training_ratios(data)
+    r = goals.training_ratios(data)
     assert r["vs_mwms"] == pytest.approx(0.95) and r["efficiency"] == pytest.approx(0.95)
     assert r["mwms_efficiency"] == pytest.approx(1.0)
-    text = "\n".join(report.training_goals(data))
+    text = "\n".join(goals.training_goals(data))
     assert "**0.95x** (goal >= 1.0x): **not met**." in text and "**95%** (goal >= 90%): **met**." in text
     assert "Caution" not in text
     data["runs"]["2"] = row(2, 150.0)                      # no MWMS row: said so, efficiency still computed
     data["machine"]["loadavg"] = [5.0]
-    text = "\n".join(report.training_goals(data))
+    text = "\n".join(goals.training_goals(data))
     assert "not measured in this run" in text and "**75%** (goal >= 90%): **not met**." in text
     assert "Caution" in text
 
