@@ -67,3 +67,17 @@ def test_inplace_needs_a_writeable_array():
             eng.submit(frozen, name="x", inplace=True)
         with pytest.raises(InvalidArgumentError, match="writeable"):
             eng.submit([1.0, 2.0], name="y", inplace=True)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_inplace_empty_and_scalar_arrays(dtype):
+    """0 elements (an empty array shares no memory with anything) and 0-d arrays, alone in a batch."""
+    p = 2
+    with engines(p) as engs:
+        empty = [np.zeros(0, dtype) for _ in range(p)]
+        scalar = [np.array(r + 1, dtype) for r in range(p)]
+        he = [e.submit(x, name="empty", op=Op.MIN, inplace=True) for e, x in zip(engs, empty)]
+        hs = [e.submit(x, name="scalar", op=Op.SUM, inplace=True) for e, x in zip(engs, scalar)]
+        assert all(h.wait(30) is x for h, x in zip(he, empty))
+        assert all(h.wait(30) is x and int(x) == 3 for h, x in zip(hs, scalar))
+    assert all(x.flags.writeable for x in empty + scalar)

@@ -107,7 +107,7 @@ class Entry:
     """One submitted tensor inside the engine (owned by the engine thread after submit)."""
 
     __slots__ = ("name", "array", "flat", "op", "compressor", "handle", "meta", "payload", "ctx",
-                 "submitted", "announced", "seen", "locked", "inplace", "wire")
+                 "submitted", "announced", "seen", "locked", "inplace", "wire", "shares")
 
     def __init__(self, name: str, array: np.ndarray, op: Op, compressor, handle: Handle,
                  inplace: bool = False):
@@ -119,7 +119,8 @@ class Entry:
         # The engine reads the caller's memory only when every rank is ready, so a write in
         # between would change the result silently: make the array read-only until then
         # (a write raises "assignment destination is read-only"). A copy needs no lock.
-        self.locked = array.flags.writeable and (contiguous or np.may_share_memory(self.flat, array))
+        self.shares = contiguous or np.may_share_memory(self.flat, array)   # flat is the caller's memory
+        self.locked = array.flags.writeable and self.shares
         if self.locked:
             array.flags.writeable = False
         self.meta: Meta = (tuple(array.shape), _dtype_name(array.dtype), int(op), compressor.name)
@@ -131,7 +132,7 @@ class Entry:
 
     def output(self, flat_result: np.ndarray) -> np.ndarray:
         """Where an in-place result lives: ``flat`` when it is the caller's memory, else copied back."""
-        if not np.may_share_memory(self.flat, self.array):
+        if not self.shares:
             np.copyto(self.array, flat_result.reshape(self.array.shape))
         elif flat_result is not self.flat:
             np.copyto(self.flat, flat_result)
