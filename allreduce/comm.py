@@ -140,17 +140,19 @@ class Communicator:
             self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                                  algorithm=_ALGO_CODES[algorithm])
         if algorithm == "auto":
-            algorithm = self._auto.get(flat.nbytes) or self.choose(flat.nbytes)
+            algorithm = self.choose(flat.nbytes)
         run = algorithms.get(algorithm)
         run(transport or self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
 
     def choose(self, nbytes: int) -> str:
         """``algorithm="auto"``'s pick for ``nbytes`` here; remembered for this communicator's life
         (the cost model is read once, like the environment: a small call cannot afford more)."""
-        name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel)
-        if len(self._auto) >= 4096:
-            self._auto.clear()
-        self._auto[nbytes] = name
+        name = self._auto.get(nbytes)
+        if name is None:
+            name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel)
+            if len(self._auto) >= 4096:
+                self._auto.clear()
+            self._auto[nbytes] = name
         return name
 
     def allreduce(self, x, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:

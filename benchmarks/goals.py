@@ -48,6 +48,12 @@ def training_ratios(data: dict, np_: int = 2) -> dict[str, float | None]:
             "local_efficiency": local / (np_ * local_base / base_n) if local and local_base else None}
 
 
+def _load(data: dict) -> tuple[float, int]:
+    """The 1-minute load average when a run started, and the machine's cores."""
+    machine = data.get("machine", {})
+    return (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
+
+
 def _verdict(x: float | None, goal: str, met: bool) -> str:
     if x is None:
         return "not measured in this run (no row for both at that size)."
@@ -98,8 +104,7 @@ def goals_section(runs: dict) -> list[str]:
         ratio = bandwidth_ratio(main["records"])
         lines.append("Native MPI is `mpi`: MPI_Allreduce behind the same Python entry point as ours "
                      "(`Communicator.allreduce_`), so the ratios compare algorithms, not call overheads.")
-        machine = main.get("machine", {})
-        load, cores = (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
+        load, cores = _load(main)
         if load > cores:
             lines.append(f"Caution: the machine was shared while this ran (load average {load:g} on {cores} cores "
                          "at the start of the sweep). Rows are the best of several round-robin blocks, which "
@@ -179,8 +184,7 @@ def training_goals(data: dict) -> list[str]:
     r = training_ratios(data)
     row = data["runs"].get("2", {})
     lines = []
-    machine = data.get("machine", {})
-    load, cores = (machine.get("loadavg") or [0])[0], machine.get("cores") or 1
+    load, cores = _load(data)
     if load > cores:
         lines.append(f"- Caution for the training rows: load average {load:g} on {cores} cores when they started; "
                      "with one thread per rank, other jobs take cores from the ranks. Rerun "

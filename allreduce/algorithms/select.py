@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import socket
-import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -91,33 +90,19 @@ def default_path() -> Path:
 
 def clear_cache() -> None:
     """Forget cached constants and choices (after changing HOME or a cost-model file in a test)."""
-    _STAMPS.clear()
     _read.cache_clear()
     _load.cache_clear()
     _choose.cache_clear()
 
 
-_STAMPS: dict[str, tuple[float, tuple[str, int | None]]] = {}
-RESTAT_SECONDS = 1.0
-
-
 def _stamp(path: str) -> tuple[str, int | None]:
-    """The file the constants come from, and its modification time (None: no file).
-
-    Looked up at most once a second per path: a ``stat`` costs microseconds,
-    and a new fit is picked up within that second.
-    """
-    now = time.monotonic()
-    seen = _STAMPS.get(path)
-    if seen is not None and now - seen[0] < RESTAT_SECONDS:
-        return seen[1]
+    """The file the constants come from, and its modification time (None: no file): the cache key,
+    so a new fit is read on the next call. (Communicators remember their choices themselves.)"""
     file = Path(path) if path else default_path()
     try:
-        stamp = str(file), file.stat().st_mtime_ns
+        return str(file), file.stat().st_mtime_ns
     except OSError:
-        stamp = str(file), None
-    _STAMPS[path] = (now, stamp)
-    return stamp
+        return str(file), None
 
 
 @lru_cache(maxsize=8)

@@ -307,7 +307,7 @@ class Engine:
         """Reduce ``buf`` in place with the configured algorithm; return the algorithm's name."""
         name = self.config.algorithm
         if name == "auto":
-            name = self.comm._auto.get(buf.nbytes) or self.comm.choose(buf.nbytes)
+            name = self.comm.choose(buf.nbytes)
         algorithms.get(name)(self.transport, buf, op, workspace=self.comm.workspace,
                              segment_bytes=self.config.segment_bytes)
         return name

@@ -182,7 +182,8 @@ class Fusion:
 
     # -- pieces ------------------------------------------------------------------------------
     def _pack(self, e: Entry, dst: np.ndarray, scale: float, fused_half: bool) -> tuple[int, int]:
-        """Copy (or cast) ``e`` into the buffer; return (values that overflowed, non-finite inputs)."""
+        """Cast (fp16/bf16) or copy (a custom payload) ``e`` into the buffer; return (values that
+        overflowed, non-finite inputs)."""
         if fused_half:
             residual = None
             if e.compressor.error_feedback:
@@ -190,12 +191,10 @@ class Fusion:
                 if residual is None or residual.shape != e.flat.shape or residual.dtype != e.flat.dtype:
                     residual = self.residuals[e.name] = np.zeros_like(e.flat)
             return e.compressor.encode_into(dst.view(np.uint16), e.flat, scale, residual)
-        if e.payload is not None:
-            kernels.copy_into(dst, e.payload)
-            if dst.dtype.kind == "f" and not np.isfinite(dst).all():
-                return (0, 1) if not np.isfinite(e.flat).all() else (1, 0)
-            return 0, 0
-        kernels.copy_into(dst, e.flat)
+        # Otherwise a custom compressor's payload (plain batches are packed in run()).
+        kernels.copy_into(dst, e.payload)
+        if dst.dtype.kind == "f" and not np.isfinite(dst).all():
+            return (0, 1) if not np.isfinite(e.flat).all() else (1, 0)
         return 0, 0
 
     def _unpack(self, e: Entry, part: np.ndarray, fused_half: bool) -> tuple[np.ndarray, int]:
@@ -203,14 +202,8 @@ class Fusion:
         if fused_half:
             out = np.empty(e.array.shape, e.flat.dtype)
             return out, e.compressor.decode_into(out.reshape(-1), part, 1.0)
-        if e.payload is not None:
-            return e.compressor.decompress(part.reshape(e.payload.shape).copy(), e.ctx), 0
-        if e.inplace:
-            kernels.copy_into(e.flat, part)
-            return e.output(e.flat), 0
-        out = np.empty(e.array.shape, e.flat.dtype)
-        kernels.copy_into(out.reshape(-1), part)
-        return out, 0
+        # Otherwise a custom compressor's payload (plain batches are unpacked in run()).
+        return e.compressor.decompress(part.reshape(e.payload.shape).copy(), e.ctx), 0
 
     def _agree_overflow(self, entries: list[Entry], bad: list[tuple[int, int]], buf: np.ndarray,
                         offsets: list[int]) -> tuple[dict[str, CompressionError], set[str]]:

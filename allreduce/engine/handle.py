@@ -119,7 +119,7 @@ class Entry:
         # The engine reads the caller's memory only when every rank is ready, so a write in
         # between would change the result silently: make the array read-only until then
         # (a write raises "assignment destination is read-only"). A copy needs no lock.
-        self.shares = contiguous or np.may_share_memory(self.flat, array)   # flat is the caller's memory
+        self.shares = contiguous                 # flat is the caller's memory (else a copy of it)
         self.locked = array.flags.writeable and self.shares
         if self.locked:
             array.flags.writeable = False
