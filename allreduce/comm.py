@@ -104,13 +104,14 @@ class Communicator:
         """
         if not self.config.check or self.size == 1:
             return
-        mine = np.array([fields.get(f, -1) for f in _FIELDS], dtype=np.int64)
-        bounds = self.workspace.get("check.bounds", 2 * mine.size, np.int64)
-        bounds[:mine.size] = mine
-        np.negative(mine, out=bounds[mine.size:])
+        values = [fields.get(f, -1) for f in _FIELDS]
+        k = len(values)
+        bounds = np.array(values + [-v for v in values], dtype=np.int64)   # a handful of ints: Python
         algorithms.get("rd")(self.transport, bounds, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        if (bounds[:mine.size] == -bounds[mine.size:]).all():
+        top = bounds.tolist()                                              # lists beat numpy ops here
+        if top[:k] == [-v for v in top[k:]]:
             return
+        mine = np.array(values, dtype=np.int64)
         table = self.workspace.get("check", self.size * mine.size, np.int64)
         _allgather_blocks(self.transport, mine, table)
         table = table.reshape(self.size, mine.size)
