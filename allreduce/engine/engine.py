@@ -24,18 +24,23 @@ Tests run p engines as p threads over one ``ThreadWorld``::
 Shutdown on any rank stops every rank's engine at the same cycle: tensors
 ready everywhere are still reduced, the rest fail with ``ShutdownError``.
 
-Cycles are at most ``cycle_time`` apart, and start early when work comes:
-a submit wakes the engine, which waits until submits pause for
-``BURST_GAP`` x ``cycle_time`` (0.2 ms at the default 1 ms) and then runs a
-cycle. Tensors submitted back to back therefore fuse, and a lone tensor's
-round trip is that pause plus one negotiation and one allreduce, not a
-whole cycle (Horovod's fixed cycle costs ~1 ms here).
+Cycles are at most ``cycle_time`` apart while work is pending, and start
+early when work comes: a submit wakes the engine, which waits until submits
+pause for ``BURST_GAP`` x ``cycle_time`` (0.2 ms at the default 1 ms), or
+until a caller blocks on a handle, and then runs a cycle. Tensors submitted
+back to back therefore fuse, and a lone tensor's round trip is one
+negotiation and one allreduce, not a whole cycle (Horovod's fixed cycle
+costs ~1 ms here).
 
-Idle: after ``IDLE_CYCLES`` cycles with nothing pending on any rank (a count
-every rank shares), cycles stretch to ``IDLE_FACTOR`` x ``cycle_time``, so a
-process that only uses the direct path pays ~100 tiny exchanges a second,
-not 1000. The first tensor after a long idle spell may wait up to one
-stretched cycle for the other ranks.
+Idle: after ``IDLE_CYCLES`` cycle with nothing pending on any rank (a count
+every rank shares), cycles stretch to ``IDLE_FACTOR`` x ``cycle_time``. This
+matters in training: between two steps' gradients the ranks compute for
+milliseconds, and a 1 ms cycle would interrupt that compute with a tiny
+exchange every millisecond (on the 2-core VM, 8 of them per step cost 20%
+of the step). No tensor waits for the stretch: a rank's submit wakes its own
+engine, so a cycle starts once the last rank has submitted, which is as soon
+as any cycle could agree on the tensor. Only a tensor that some rank never
+submits waits up to one stretched cycle before the stall inspector sees it.
 """
 from __future__ import annotations
 
@@ -62,8 +67,8 @@ __all__ = ["Engine"]
 
 log = logging.getLogger("allreduce.engine")
 
-IDLE_CYCLES = 20     # ~20 ms at the default cycle before idle cycles stretch
-IDLE_FACTOR = 10
+IDLE_CYCLES = 1      # one cycle with nothing pending anywhere, and cycles stretch
+IDLE_FACTOR = 20
 BURST_GAP = 0.2      # x cycle_time: a cycle starts once submits have paused this long
 
 
@@ -112,6 +117,7 @@ class Engine:
         self._stopped: BaseException | None = None        # why the engine no longer accepts work
         self._wake = threading.Event()
         self._last_submit = 0.0
+        self._waited = False              # a caller blocks on a queued handle: its burst is over
         self._unnamed = 0
         self._thread = threading.Thread(target=self._run, name=f"allreduce-engine-rank{self.rank}", daemon=True)
         self._thread.start()
@@ -142,7 +148,7 @@ class Engine:
         compressor = check_compressor(compression)
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidArgumentError(f"name must be a non-empty string, got {name!r}")
-        handle = Handle(name)
+        handle = Handle(name, self._hurry)
         entry = Entry(name, x, op, compressor, handle, inplace)   # copies a non-contiguous x, outside the lock
         with self._lock:
             if self._stopped is not None or self._stopping:
@@ -206,24 +212,34 @@ class Engine:
                 self.timeline.close()
             self.comm.close()
 
+    def _hurry(self) -> None:
+        """A caller waits on a handle: it submits nothing more meanwhile, so start the cycle now."""
+        self._waited = True
+        self._wake.set()
+
     def _pause(self, deadline: float, gap: float) -> None:
         """Sleep until ``deadline``, or until a burst of submits has ended, whichever comes first.
 
-        A burst has ended when no submit came for ``gap`` seconds: tensors
-        submitted back to back (a loop, a backward pass) still go into one
-        cycle and fuse, while a lone tensor starts its cycle ``gap`` after it
-        arrived instead of waiting out the whole period.
+        A burst has ended when no submit came for ``gap`` seconds, or at once
+        when a caller blocks on a handle (a thread that waits submits nothing
+        meanwhile): tensors submitted back to back (a loop, a backward pass)
+        still go into one cycle and fuse, while a lone tensor starts its cycle
+        as soon as its caller waits for it, not after the whole period.
         """
         woke = self._wake.wait(max(0.0, deadline - time.monotonic()))
         if self._stopping:
             return
         self._wake.clear()
         while woke:
+            if self._waited or self._stopping:
+                self._waited = False
+                return
             now = time.monotonic()
             quiet = now - self._last_submit
             if quiet >= gap or now >= deadline:
                 return
-            time.sleep(min(gap - quiet, deadline - now))
+            self._wake.wait(min(gap - quiet, deadline - now))   # a submit or a waiter ends it early
+            self._wake.clear()
 
     def _cycle(self) -> bool:
         """One cycle; True when the engine stops."""

@@ -133,9 +133,16 @@ class Fusion:
             bad = [(0, 0)]
         elif plain:
             # One C call packs them all: a copy per tensor costs more in Python (and in handing
-            # the GIL back and forth with submitting threads) than the bytes it moves.
-            buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
-            np.concatenate([e.flat for e in entries], out=buf)
+            # the GIL back and forth with submitting threads) than the bytes it moves. The packed
+            # array is reduced in place and the results are views of it, so nothing is copied
+            # out; only a batch of in-place tensors alone packs into the reused buffer (their
+            # results go back into the callers' arrays).
+            flats = [e.flat for e in entries]
+            if all(e.inplace for e in entries):
+                buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
+                np.concatenate(flats, out=buf)
+            else:
+                buf = np.concatenate(flats)
             bad = [(0, 0)] * len(entries)
         else:
             buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
@@ -154,10 +161,8 @@ class Fusion:
 
         results: list[tuple[Entry, object]] = []
         if plain:
-            # One copy out of the reused buffer; each result is a view of its own part of it.
-            out = buf.copy()
             for i, e in enumerate(entries):
-                part = out[offsets[i]:offsets[i + 1]]
+                part = buf[offsets[i]:offsets[i + 1]]
                 results.append((e, e.output(part) if e.inplace else part.reshape(e.array.shape)))
             if self.timeline is not None:
                 self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)

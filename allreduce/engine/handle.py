@@ -45,10 +45,11 @@ class Handle:
     of submitting a thousand small tensors.
     """
 
-    __slots__ = ("name", "_lock", "_done", "_result", "_error")
+    __slots__ = ("name", "_lock", "_done", "_result", "_error", "_on_wait")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, on_wait=None):
         self.name = name
+        self._on_wait = on_wait            # called once when a caller first blocks on this handle
         self._lock = threading.Lock()
         self._lock.acquire()
         self._done = False
@@ -74,6 +75,9 @@ class Handle:
             ``TimeoutError`` if ``timeout`` passed first.
         """
         if not self._done:
+            if self._on_wait is not None:
+                on_wait, self._on_wait = self._on_wait, None
+                on_wait()
             if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
                 raise TimeoutError(f"allreduce of {self.name!r} not done after {timeout:g} s")
             self._lock.release()
