@@ -10,6 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["allreduce", "allreduce.*", "tfops", "tfops.*"]),
+    package_data={"allreduce.algorithms": ["costmodel_builtin.json"]},   # auto's measured table
     install_requires=[
         "numpy>=1.26",
         "numba>=0.60",

@@ -230,6 +230,8 @@ def machine_description() -> dict[str, Any]:
         desc["mpi4py"] = mpi4py.__version__
     except ImportError:
         desc["mpi"] = "mpi4py not importable"
+    if hasattr(os, "sched_getaffinity"):   # mpirun --bind-to core leaves one core here; none, all of them
+        desc["affinity"] = sorted(os.sched_getaffinity(0))
     if hasattr(os, "getloadavg"):      # other jobs on the box skew every timing; say so
         desc["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     from importlib import metadata
@@ -244,6 +246,11 @@ def machine_description() -> dict[str, Any]:
 def machine_header(desc: dict[str, Any]) -> list[str]:
     """The machine description as '#' lines."""
     load = f", load average {' '.join(map(str, desc['loadavg']))} at start" if "loadavg" in desc else ""
+    cpus = desc.get("affinity")
+    if cpus is not None:
+        load += (f"; this rank bound to core {cpus[0]}" if len(cpus) == 1 else
+                 f"; this rank free to run on {len(cpus)} cores" if len(cpus) == desc["cores"] else
+                 f"; this rank bound to cores {','.join(map(str, cpus))}")
     lines = [f"# host {desc['host']}: {desc['cpu']}, {desc['cores']} cores, {desc['memory_gib']} GiB{load}",
              f"# {desc.get('mpi', '?')} | mpi4py {desc.get('mpi4py', '-')}",
              f"# python {desc['python']}, numpy {desc['numpy']}"

@@ -182,6 +182,10 @@ def main(argv=None) -> int:
     parser.add_argument("--gamma", type=float, default=None, help="s/byte to hold fixed (default: from the runs)")
     parser.add_argument("--fit-gamma", action="store_true", help="fit gamma too (needs non-collinear runs)")
     parser.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
+    parser.add_argument("--builtin", action="store_true",
+                        help=f"also write the measured table to {select.BUILTIN.name}, the package's "
+                             "stand-in for machines with no fit of their own (maintainers, after a "
+                             "BENCHMARKS.md run)")
     args = parser.parse_args(argv)
     rows, measured = load_rows(args.runs)
     gamma = args.gamma if args.gamma is not None else measured
@@ -196,7 +200,17 @@ def main(argv=None) -> int:
         out = Path(args.out) if args.out else select.default_path()
         write_constants(out, constants, [os.path.abspath(p) for p in args.runs], measured_table(rows))
         print(f"# wrote {out}")
+        if args.builtin:
+            write_builtin(select.BUILTIN, measured_table(rows), args.runs)
+            print(f"# wrote {select.BUILTIN}")
     return 0
+
+
+def write_builtin(path: Path, measured: dict[str, list], runs: list[str]) -> None:
+    """The shipped table: measured times only (the model's constants stay in select.DEFAULTS)."""
+    sources = [os.path.relpath(os.path.abspath(p), Path(__file__).resolve().parent.parent) for p in runs]
+    path.write_text(json.dumps({"measured": measured, "sources": sources,
+                                "fitted_by": "benchmarks/fit_costmodel.py --builtin"}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -143,3 +143,33 @@ def test_measured_table_decides_for_measured_world_sizes(tmp_path):
                                                    path=str(tmp_path / "none.json"))         # p = 3 unmeasured
     finally:
         select.clear_cache()
+
+
+def test_builtin_table_stands_in_only_without_a_machine_file(tmp_path, monkeypatch):
+    """No per-machine fit: the package's measured table decides (and explain_choice shows its times);
+    a machine file, or an explicit path, replaces it."""
+    from allreduce.algorithms import select
+    from allreduce.algorithms.explain_choice import explain_choice
+    from benchmarks import fit_costmodel
+    rows = [{"algorithm": a, "ranks": 2, "size_bytes": n, "time_us": t} for a, n, t in [
+        ("mpi", 1024, 5.0), ("ring", 1024, 50.0), ("mpi", 1 << 26, 900.0), ("ring", 1 << 26, 90000.0)]]
+    builtin = tmp_path / "builtin.json"
+    fit_costmodel.write_builtin(builtin, fit_costmodel.measured_table(rows), ["run.json"])
+    monkeypatch.setattr(select, "BUILTIN", builtin)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    select.clear_cache()
+    try:
+        assert select.choose(1 << 26, 2, candidates=("ring", "mpi")) == "mpi"      # the model says ring
+        assert "built-in table" in select.source()
+        text = explain_choice(1 << 26, 2, candidates=("ring", "mpi"))
+        assert "measured at this p" in text and "900.0" in text
+        explicit = str(tmp_path / "none.json")
+        assert select.choose(1 << 26, 2, candidates=("ring", "mpi"), path=explicit) == "ring"
+        assert "built-in constants" in select.source(explicit)
+        fit_costmodel.write_constants(select.default_path(), {}, ["test"],
+                                      {"2": [[1 << 26, {"mpi": 9e6, "ring": 1.0}]]})
+        select.clear_cache()
+        assert select.choose(1 << 26, 2, candidates=("ring", "mpi")) == "ring"     # the machine's own run
+        assert str(select.default_path()) in select.source()
+    finally:
+        select.clear_cache()

@@ -1,4 +1,5 @@
 """The engine on p threads: random submission orders, fusion, the response cache, shutdown."""
+import threading
 import time
 
 import numpy as np
@@ -216,3 +217,30 @@ def test_rank_masks_span_several_words_beyond_63_ranks():
     assert neg.words == 3 and neg._full.tolist() == [2 ** 63 - 1, 2 ** 63 - 1, 15]
     assert sorted(neg._ranks(np.array([5, 0, 3], np.int64))) == [0, 2, 126, 127]
     assert neg._ranks(neg._full) == frozenset(range(130))
+
+
+def test_a_waiting_caller_ends_the_burst_and_fused_results_leave_inputs_alone():
+    """The engine waits for submits to pause (BURST_GAP x cycle_time) before a cycle, unless a caller
+    already blocks on a handle: then it starts at once. A plain fused batch is reduced in its packed
+    array, so the results share memory with each other and never with the inputs."""
+    from allreduce.engine.engine import BURST_GAP
+    cycle = 2000.0                                  # ms: a burst gap of 0.4 s would be unmistakable
+    with engines(2, cycle_time=cycle) as engs:
+        inputs = [[np.full(5, r + 1.0), np.full(3, 10.0 * (r + 1))] for r in range(2)]
+        results: list = [None, None]
+
+        def rank_body(r):                           # as in a process: each rank waits for its own
+            handles = [engs[r].submit(x, name=f"t{i}", op=Op.SUM) for i, x in enumerate(inputs[r])]
+            results[r] = [h.wait(30) for h in handles]
+        threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(2)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert time.monotonic() - start < BURST_GAP * cycle / 1000.0
+        for r in range(2):
+            assert results[r][0].tolist() == [3.0] * 5 and results[r][1].tolist() == [30.0] * 3
+            assert np.shares_memory(results[r][0].base, results[r][1].base)   # one packed array
+            assert not any(np.shares_memory(y, x) for y in results[r] for x in inputs[r])
+            assert inputs[r][0].tolist() == [r + 1.0] * 5                      # inputs untouched

@@ -5,9 +5,9 @@ from allreduce.algorithms.explain_choice import explain_choice, predictions
 
 def test_one_node_lists_shm_and_marks_auto():
     text = explain_choice(64 << 20, 4)
-    rows = [line.split()[0] for line in text.splitlines()[2:]]
+    rows = [line.split()[0] for line in text.splitlines()[3:]]
     assert sorted(rows) == sorted({*select.DEFAULTS, "shm", "hierarchical"})
-    times = [float(line.split()[1]) for line in text.splitlines()[2:]]
+    times = [float(line.split()[1]) for line in text.splitlines()[3:]]
     assert times == sorted(times)
     marked = [line.split()[0] for line in text.splitlines() if line.endswith("<- auto")]
     assert marked == [select.choose(64 << 20, 4)]

@@ -9,7 +9,9 @@
       ring           ...
 
 Every algorithm, ``shm`` included, uses the constants of :mod:`.select`
-(fitted per machine by ``benchmarks/fit_costmodel.py``). ``shm`` sends no
+(fitted per machine by ``benchmarks/fit_costmodel.py``), except where the
+measured table covers this world size: then the candidates show the
+measured times ``auto`` decided by. ``shm`` sends no
 messages, so its "alpha" is one flag hand-off per window and its "gamma" the
 memory traffic; ``hierarchical`` is ``shm`` inside a node plus a ring across
 nodes on n/L bytes. ``auto``'s choice is marked ``<- auto``.
@@ -67,8 +69,12 @@ def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: 
     local = p if local_size is None else max(1, min(local_size, p))
     lines = [f"allreduce of {nbytes} bytes on {p} ranks ({math.ceil(p / local)} node(s) of up to {local}): "
              "predicted time per algorithm",
+             f"  (numbers from {select.source(path)})",
              f"  {'algorithm':<13}{'time (us)':>12}   note"]
     rows = predictions(nbytes, p, local_size=local_size, path=path)
+    measured = select.measured_times(nbytes, p, tuple(candidates), path=path) if p > 1 else None
+    for name, seconds in (measured or {}).items():       # what auto decided by, where it was measured
+        rows[name] = (seconds, "measured at this p, interpolated in log(size)")
     for name, (seconds, note) in sorted(rows.items(), key=lambda kv: kv[1][0]):
         mark = "  <- auto" if name == chosen else ""
         lines.append(f"  {name:<13}{seconds * 1e6:>12.1f}   {note}{mark}")

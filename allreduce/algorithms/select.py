@@ -14,7 +14,11 @@ The constants live in one place: ``DEFAULTS`` below, overridden by the file
 ``benchmarks/fit_costmodel.py`` writes from a real run on this machine
 (``~/.cache/allreduce/costmodel-<host>.json``, or ``ALLREDUCE_COSTMODEL``).
 
-That file also keeps the measured times themselves, per world size. For a
+That file also keeps the measured times themselves, per world size. With
+no per-machine file, the measured table shipped with the package
+(``costmodel_builtin.json``: the BENCHMARKS.md run on the 2-core VM,
+written by ``fit_costmodel.py --builtin``) stands in for it; an explicit
+``path`` (``ALLREDUCE_COSTMODEL``) never falls back to it. For a
 world size it has, ``choose`` goes by them (interpolated between the two
 measured sizes around n) rather than by the straight lines: caches make
 real times bend (native MPI here is the fastest up to 4 MiB and the slowest
@@ -30,7 +34,8 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["choose", "predict", "terms", "constants", "DEFAULTS", "default_path"]
+__all__ = ["choose", "predict", "terms", "constants", "measured_times", "source", "DEFAULTS", "default_path",
+           "BUILTIN"]
 
 # Seconds per message (alpha), per byte sent (beta), per byte reduced (gamma).
 # Fitted by benchmarks/fit_costmodel.py from the BENCHMARKS.md run (-np 2 and 4,
@@ -84,6 +89,10 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
     raise ValueError(f"no cost model for algorithm {algorithm!r}")
 
 
+#: The measured table shipped with the package: used when there is no per-machine file.
+BUILTIN = Path(__file__).with_name("costmodel_builtin.json")
+
+
 def default_path() -> Path:
     return Path.home() / ".cache" / "allreduce" / f"costmodel-{socket.gethostname()}.json"
 
@@ -97,12 +106,23 @@ def clear_cache() -> None:
 
 def _stamp(path: str) -> tuple[str, int | None]:
     """The file the constants come from, and its modification time (None: no file): the cache key,
-    so a new fit is read on the next call. (Communicators remember their choices themselves.)"""
-    file = Path(path) if path else default_path()
-    try:
-        return str(file), file.stat().st_mtime_ns
-    except OSError:
-        return str(file), None
+    so a new fit is read on the next call. (Communicators remember their choices themselves.)
+    Without ``path`` and without a per-machine file, the package's built-in table."""
+    files = [Path(path)] if path else [default_path(), BUILTIN]
+    for file in files:
+        try:
+            return str(file), file.stat().st_mtime_ns
+        except OSError:
+            continue
+    return str(files[0]), None
+
+
+def source(path: str = "") -> str:
+    """Where ``auto``'s numbers come from: the file read, or the built-in constants."""
+    file, mtime = _stamp(path)
+    if mtime is None:
+        return "the built-in constants (select.DEFAULTS); no cost-model file"
+    return f"{'the built-in table ' if Path(file) == BUILTIN else ''}{file}"
 
 
 @lru_cache(maxsize=8)
@@ -166,11 +186,22 @@ def _choose(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, 
     return min(candidates, key=lambda name: _predict(name, nbytes, p, table))
 
 
+def measured_times(nbytes: int, p: int, candidates: tuple[str, ...], *, path: str = "") -> dict[str, float] | None:
+    """Seconds per candidate from the measured table (interpolated), or None when it cannot decide."""
+    return _measured_times(nbytes, p, tuple(candidates), _read(*_stamp(path)).get("measured", {}))
+
+
 def _measured_choice(nbytes: int, p: int, candidates: tuple[str, ...], measured: dict) -> str | None:
-    """From a benchmark of this world size on this machine: the fastest candidate, interpolating
-    each one's log(time) linearly in log(size) between the two measured sizes around ``nbytes``
-    (the nearest measured size outside the range). None when ``p`` was not measured, or when a
-    candidate was not: then the model decides."""
+    """From a benchmark of this world size on this machine: the fastest candidate (ties go to the
+    earlier name). None when ``p`` was not measured, or when a candidate was not: then the model
+    decides."""
+    times = _measured_times(nbytes, p, candidates, measured)
+    return None if times is None else min(candidates, key=times.__getitem__)
+
+
+def _measured_times(nbytes: int, p: int, candidates: tuple[str, ...], measured: dict) -> dict[str, float] | None:
+    """Each candidate's time, interpolating its log(time) linearly in log(size) between the two
+    measured sizes around ``nbytes`` (the nearest measured size outside the range)."""
     rows = measured.get(str(p)) if isinstance(measured, dict) else None
     if not rows:
         return None
@@ -180,12 +211,10 @@ def _measured_choice(nbytes: int, p: int, candidates: tuple[str, ...], measured:
     lo = max(hi - 1, 0) if sizes[hi] > nbytes else hi
     xs = [math.log2(max(sizes[lo], 1)), math.log2(max(sizes[hi], 1))]
     w = 0.0 if xs[1] == xs[0] else min(max((x - xs[0]) / (xs[1] - xs[0]), 0.0), 1.0)
-    best, best_t = None, math.inf
+    times = {}
     for name in candidates:
         if name not in rows[lo][1] or name not in rows[hi][1]:
             return None
         t0, t1 = max(float(rows[lo][1][name]), 1e-9), max(float(rows[hi][1][name]), 1e-9)
-        t = t0 ** (1 - w) * t1 ** w                       # a power law between the two sizes
-        if t < best_t:
-            best, best_t = name, t
-    return best
+        times[name] = t0 ** (1 - w) * t1 ** w * 1e-6      # a power law between the two sizes (us -> s)
+    return times
