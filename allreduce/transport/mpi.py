@@ -33,6 +33,23 @@ ENGINE_SPINS = 100
 ENGINE_MAX_PAUSE = 1e-4   # and polls at least every 0.1 ms: a late peer costs at most that much extra
 
 
+_ISENDRECV: bool | None = None    # MPI_Isendrecv usable here? Found out by the first transport
+
+
+def _has_isendrecv() -> bool:
+    """MPI-4's MPI_Isendrecv, in mpi4py and in the library (Open MPI 5 has it while it still
+    reports MPI 3.1): one exchange with myself on COMM_SELF tells."""
+    global _ISENDRECV
+    if _ISENDRECV is None:
+        try:
+            a, b = bytearray(b"x"), bytearray(1)
+            MPI.COMM_SELF.Isendrecv([a, MPI.BYTE], 0, 0, [b, MPI.BYTE], 0, 0).Wait()
+            _ISENDRECV = b == a
+        except (AttributeError, NotImplementedError, MPI.Exception):
+            _ISENDRECV = False
+    return _ISENDRECV
+
+
 class _Request:
     """A pending transfer: the raw MPI request plus who it is with (for the timeout message)."""
 
@@ -62,6 +79,7 @@ class MPITransport(Transport):
         self.timeout = timeout
         self.spins = spins
         self.max_pause = max_pause        # the longest sleep between polls once the spin is over
+        self._isendrecv = _has_isendrecv()
 
     def _wait_slow(self, done, requests) -> None:
         deadline = time.monotonic() + self.timeout
@@ -85,8 +103,19 @@ class MPITransport(Transport):
                         "receive from")
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
-        # The latency path (rd, the last steps of rhd): request objects only if the spin runs out.
+        # The latency path (rd, the last steps of rhd): one MPI-4 MPI_Isendrecv where the library
+        # has it (one call and one request instead of two: ~0.5 us of a ~5 us exchange), and
+        # request objects for the timeout message only if the spin runs out.
         comm = self.comm
+        if self._isendrecv:
+            raw = comm.Isendrecv([sendbuf, MPI.BYTE], dest, tag, [recvbuf, MPI.BYTE], source, tag)
+            test = raw.Test
+            for _ in range(self.spins):
+                if test():
+                    return
+            self._wait_slow(test, [_Request(raw, self, source if source == dest else dest,
+                                            "exchange with" if source == dest else "send to")])
+            return
         raws = [comm.Irecv([recvbuf, MPI.BYTE], source, tag), comm.Isend([sendbuf, MPI.BYTE], dest, tag)]
         self._wait_raw(raws, lambda: [_Request(raws[0], self, source, "receive from"),
                                       _Request(raws[1], self, dest, "send to")])
