@@ -48,8 +48,9 @@ class Communicator:
     """Collectives over one transport. Keyword arguments are keyword-only with defaults."""
 
     def __init__(self, transport: Transport, *, config: Config | None = None,
-                 local_rank: int | None = None, local_size: int | None = None):
+                 local_rank: int | None = None, local_size: int | None = None, cold: bool = False):
         self.transport = transport
+        self.cold = cold          # auto chooses for data not in the cache (the engine's gradients)
         self.config = config or Config()
         self.workspace = Workspace()
         self._local = (transport.rank if local_rank is None else local_rank,
@@ -150,7 +151,8 @@ class Communicator:
         (the cost model is read once, like the environment: a small call cannot afford more)."""
         name = self._auto.get(nbytes)
         if name is None:
-            name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel)
+            name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
+                                 cold=self.cold)
             if len(self._auto) >= 4096:
                 self._auto.clear()
             self._auto[nbytes] = name

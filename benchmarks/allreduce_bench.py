@@ -56,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1,
                         help="time the -n block this many times, round-robin; each rank keeps its fastest")
     parser.add_argument("--membw-mib", type=int, default=256, help="copy size for B_mem (MiB)")
+    parser.add_argument("--cold", type=int, default=0, metavar="MIB",
+                        help="rotate the timed calls over distinct input buffers spanning MIB MiB, so no "
+                             "call finds its data in the cache (gradients of a large model); 0: one "
+                             "buffer, as nccl-tests and OSU time it")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup_iters < 0 or args.repeats < 1:
         parser.error("-n and --repeats must be >= 1, -w >= 0")
@@ -109,32 +113,41 @@ def measure_check_cost(mpi, iters: int = 50) -> float:
         checked.close()
 
 
-def warm_up(run, x: np.ndarray, args, mpi) -> int:
+def warm_up(run, xs: list[np.ndarray], args, mpi) -> int:
     """Run the -w warmup calls; return the -n to time (fewer with --budget; the same on all ranks).
 
     The first call (which may load compiled kernels, or allocate) runs before the clock starts:
     counted, it once cut the first row of a sweep to a single noisy timed call.
     """
-    run(x)
+    run(xs[0])
     start = time.perf_counter()
-    for _ in range(args.warmup_iters):
-        run(x)
+    for i in range(args.warmup_iters):
+        run(xs[i % len(xs)])
     if args.budget <= 0:
         return args.iters
     per = mpi.allreduce((time.perf_counter() - start) / max(args.warmup_iters, 1), op=_max())
     return max(1, min(args.iters, int(args.budget / args.repeats / max(per, 1e-9))))
 
 
-def time_block(run, x: np.ndarray, iters: int, mpi) -> float:
-    """Barrier, then this rank's mean seconds over ``iters`` back-to-back calls (nccl-tests' timing)."""
+def time_block(run, xs: list[np.ndarray], iters: int, mpi) -> float:
+    """Barrier, then this rank's mean seconds over ``iters`` back-to-back calls (nccl-tests' timing),
+    round-robin over the inputs ``xs`` (one, unless --cold)."""
     mpi.Barrier()
+    k = len(xs)
     start = time.perf_counter()
-    for _ in range(iters):
-        run(x)
+    for i in range(iters):
+        run(xs[i % k])
     return (time.perf_counter() - start) / iters
 
 
-def time_size(runners: dict, x: np.ndarray, args, mpi) -> dict[str, tuple[list[float], int]]:
+def timing_inputs(in_count: int, dtype, args) -> list[np.ndarray]:
+    """The timed calls' inputs: one buffer, or (--cold) enough distinct ones to span --cold MiB."""
+    x = checks.timing_input(in_count, dtype, args.op)
+    copies = -(-(args.cold << 20) // max(x.nbytes, 1)) if args.cold else 1
+    return [x] + [x.copy() for _ in range(min(copies, 4096) - 1)]
+
+
+def time_size(runners: dict, xs: list[np.ndarray], args, mpi) -> dict[str, tuple[list[float], int]]:
     """``{name: (every rank's seconds per call, iterations)}`` for one size.
 
     With ``--repeats R`` the blocks run round-robin over the algorithms, R
@@ -144,11 +157,11 @@ def time_size(runners: dict, x: np.ndarray, args, mpi) -> dict[str, tuple[list[f
     same reason). R = 1 is exactly nccl-tests' measurement. ``x`` is shared:
     the timing input is unchanged by any algorithm's in-place reduction.
     """
-    iters = {name: warm_up(run, x, args, mpi) for name, run in runners.items()}
+    iters = {name: warm_up(run, xs, args, mpi) for name, run in runners.items()}
     best = {name: float("inf") for name in runners}
     for _ in range(args.repeats):
         for name, run in runners.items():
-            best[name] = min(best[name], time_block(run, x, iters[name], mpi))
+            best[name] = min(best[name], time_block(run, xs, iters[name], mpi))
     return {name: (mpi.allgather(best[name]), iters[name]) for name in runners}
 
 
@@ -184,7 +197,7 @@ def run_sweep(args, comm, mpi, b_mem: float, notes: list[str]) -> list[common.Ro
         want = checks.expected(rank, p, count, dtype, args.op, args.collective) if args.check else None
         wrong = {name: check_row(run, args, ctx, count, in_count, want) if args.check else None
                  for name, run in runners.items()}
-        timed = time_size(runners, checks.timing_input(in_count, dtype, args.op), args, mpi)
+        timed = time_size(runners, timing_inputs(in_count, dtype, args), args, mpi)
         for name, (times, iters) in timed.items():
             t = max(times)
             algbw, busbw = common.bandwidths(nbytes, t, args.collective, p)
@@ -240,13 +253,16 @@ def main(argv=None) -> int:
         f"# time = slowest rank's mean over -n {args.iters} calls after -w {args.warmup_iters} warmup"
         + (f" (fewer when a row exceeds --budget {args.budget:g} s)" if args.budget else "")
         + (f"; best of --repeats {args.repeats} such blocks per rank, round-robin over the algorithms"
-           if args.repeats > 1 else "")]
+           if args.repeats > 1 else "")
+        + (f"; cold: the calls rotate over distinct inputs spanning {args.cold} MiB per rank, so every "
+           "call reads its data from memory" if args.cold else "")]
     notes: list[str] = []
     rows = run_sweep(args, comm, mpi, b_mem, notes)
     if rank == 0:
         print(report(args, rows, header, notes), flush=True)
         if args.json:
             payload = {"command": command, "machine": desc, "collective": args.collective, "ranks": p,
+                       "cold_mib": args.cold,
                        "dtype": args.datatype, "op": args.op, "membw_gbps": b_mem / 1e9,
                        "bound_algbw_gbps": bound / 1e9 if args.collective == "allreduce" else None,
                        "gamma_s_per_byte": gamma, "check_cost_us": check_us, "notes": notes}

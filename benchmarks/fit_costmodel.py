@@ -57,7 +57,8 @@ def load_rows(paths: list[str]) -> tuple[list[dict], float | None]:
             gammas.append(float(data["gamma_s_per_byte"]))
         for record in data.get("records", []):
             if record.get("collective", "allreduce") == "allreduce":
-                rows.append(dict(record, ranks=record.get("ranks", data.get("ranks"))))
+                rows.append(dict(record, ranks=record.get("ranks", data.get("ranks")),
+                                 cold=bool(data.get("cold_mib"))))
     return rows, (statistics.median(gammas) if gammas else None)
 
 
@@ -128,34 +129,43 @@ def predict(constants: dict[str, float], algorithm: str, nbytes: int, p: int) ->
     return a * constants["alpha"] + b * nbytes * constants["beta"] + g * nbytes * constants["gamma"]
 
 
-def measured_table(rows: list[dict]) -> dict[str, list]:
+def measured_table(rows: list[dict], cold: bool = False) -> dict[str, list]:
     """``{p: [[size_bytes, {algorithm: time_us}], ...]}``: what ``select.choose`` picks from directly
     when the world size was measured (a straight line per algorithm misses cache effects: native
-    MPI here is the fastest up to 4 MiB and the slowest at 64 MiB)."""
+    MPI here is the fastest up to 4 MiB and the slowest at 64 MiB). ``cold``: from the
+    ``--cold`` runs only (else from the others)."""
     table: dict[str, dict[int, dict[str, float]]] = {}
     for r in rows:
-        if r["algorithm"] in select.DEFAULTS and int(r["ranks"]) > 1:
+        if r["algorithm"] in select.DEFAULTS and int(r["ranks"]) > 1 and bool(r.get("cold")) == cold:
             row = table.setdefault(str(int(r["ranks"])), {}).setdefault(int(r["size_bytes"]), {})
             row[r["algorithm"]] = min(float(r["time_us"]), row.get(r["algorithm"], float("inf")))
-    return {p: [[size, times] for size, times in sorted(sizes.items())] for p, sizes in table.items()}
+    out = {}
+    for p, sizes in table.items():
+        # A size some run measured without every algorithm (a latency sweep beside a full one)
+        # would hand that range back to the model: keep the sizes with all of them.
+        every = set().union(*sizes.values())
+        out[p] = [[size, times] for size, times in sorted(sizes.items()) if set(times) == every]
+    return out
 
 
 def write_constants(path: Path, constants: dict[str, dict[str, float]], sources: list[str],
-                    measured: dict[str, list] | None = None) -> None:
-    """Merge ``constants`` (and the measured table, per world size) into the JSON file
+                    measured: dict[str, list] | None = None, measured_cold: dict[str, list] | None = None) -> None:
+    """Merge ``constants`` (and the measured tables, per world size) into the JSON file
     ``select.constants()`` reads (other algorithms and world sizes kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table, old_measured = {}, {}
+    table, old_measured, old_cold = {}, {}, {}
     if path.is_file():
         try:
             old = json.loads(path.read_text())
-            table, old_measured = old.get("constants", {}), old.get("measured", {})
+            table, old_measured, old_cold = old.get("constants", {}), old.get("measured", {}), \
+                old.get("measured_cold", {})
         except ValueError:
             pass
     table.update(constants)
     old_measured.update(measured or {})
-    path.write_text(json.dumps({"constants": table, "measured": old_measured, "sources": sources,
-                                "fitted_by": "benchmarks/fit_costmodel.py"}, indent=1) + "\n")
+    old_cold.update(measured_cold or {})
+    path.write_text(json.dumps({"constants": table, "measured": old_measured, "measured_cold": old_cold,
+                                "sources": sources, "fitted_by": "benchmarks/fit_costmodel.py"}, indent=1) + "\n")
 
 
 def report(rows: list[dict], constants: dict[str, dict[str, float]]) -> str:
@@ -189,27 +199,29 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows, measured = load_rows(args.runs)
     gamma = args.gamma if args.gamma is not None else measured
-    constants = fit(rows, gamma=gamma, fit_gamma=args.fit_gamma)
+    warm = [r for r in rows if not r.get("cold")]              # the model's lines: warm runs only
+    constants = fit(warm, gamma=gamma, fit_gamma=args.fit_gamma)
     if not constants:
         parser.error("no allreduce rows of a modelled algorithm (ring, tree, rhd, rd, mpi) in these runs")
     how = "fitted" if args.fit_gamma else (f"held at the measured {gamma * 1e9:.4f} ns/B" if gamma
                                            else "0 (beta absorbs the reduction cost)")
-    print(f"# fit of T = a(p) alpha + b(p) n beta + g(p) n gamma over {len(rows)} rows; gamma {how}")
-    print(report(rows, constants))
+    print(f"# fit of T = a(p) alpha + b(p) n beta + g(p) n gamma over {len(warm)} rows; gamma {how}")
+    print(report(warm, constants))
     if not args.dry_run:
         out = Path(args.out) if args.out else select.default_path()
-        write_constants(out, constants, [os.path.abspath(p) for p in args.runs], measured_table(rows))
+        tables = measured_table(rows), measured_table(rows, cold=True)
+        write_constants(out, constants, [os.path.abspath(p) for p in args.runs], *tables)
         print(f"# wrote {out}")
         if args.builtin:
-            write_builtin(select.BUILTIN, measured_table(rows), args.runs)
+            write_builtin(select.BUILTIN, *tables, args.runs)
             print(f"# wrote {select.BUILTIN}")
     return 0
 
 
-def write_builtin(path: Path, measured: dict[str, list], runs: list[str]) -> None:
+def write_builtin(path: Path, measured: dict[str, list], measured_cold: dict[str, list], runs: list[str]) -> None:
     """The shipped table: measured times only (the model's constants stay in select.DEFAULTS)."""
     sources = [os.path.relpath(os.path.abspath(p), Path(__file__).resolve().parent.parent) for p in runs]
-    path.write_text(json.dumps({"measured": measured, "sources": sources,
+    path.write_text(json.dumps({"measured": measured, "measured_cold": measured_cold, "sources": sources,
                                 "fitted_by": "benchmarks/fit_costmodel.py --builtin"}, indent=1) + "\n")
 
 

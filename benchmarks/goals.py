@@ -115,7 +115,8 @@ def goals_section(runs: dict) -> list[str]:
         alt = bandwidth_ratio(main["records"], native="mpi4py")
         if alt is not None:
             lines.append(f"  (vs MPI_Allreduce called straight through mpi4py: {alt:.2f}x)")
-    for name, label in (("np2", "-np 2"), ("np4", "-np 4 (oversubscribed)")):
+    for name, label in (("np2", "-np 2"), ("np4", "-np 4 (oversubscribed)"),
+                        ("np2cold", "-np 2, cold buffers (data from memory on every call)")):
         data = runs.get(name, (None, None))[1]
         if data:
             lines += shm_and_auto_goals(data["records"], label)

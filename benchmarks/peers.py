@@ -155,6 +155,10 @@ def _gloo_init(ctx: Context) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="env://", rank=ctx.mpi_comm.Get_rank(), world_size=ctx.size)
     _GLOO_READY = True
+    # Stop Gloo's threads before the interpreter goes: torch 2.14's runLoop thread otherwise
+    # touches Python objects during finalization and aborts the process (signal 6) at exit.
+    import atexit
+    atexit.register(dist.destroy_process_group)
 
 
 def _torch_view(x: np.ndarray):

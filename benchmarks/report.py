@@ -8,7 +8,9 @@
     python benchmarks/report.py --from-results           # re-render the page from the last run's files
     python benchmarks/report.py --only training          # rerun one section; the rest from saved results
 
-Sections: the sweeps np2, latency, np4, engine (benchmarks/*_bench.py) and
+Sections: the sweeps np2, latency, np4, np2cold (as np2 from 1 MiB, but each
+call on a buffer not in the cache, as a large model's gradients are), engine
+(benchmarks/*_bench.py) and
 training: examples/synthetic_benchmark.py, images/sec of tfops against
 tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
 thread per rank, and scaling efficiency against -np 1.
@@ -18,7 +20,7 @@ benchmarks' own stdout, verbatim; the ratios (benchmarks/goals.py) are computed 
 JSON; results (JSON, text, PNG, fitted constants) go to benchmarks/results/.
 The fit is written to benchmarks/results/costmodel.json, not to the
 per-machine cache ``select`` reads; install it with
-``python benchmarks/fit_costmodel.py benchmarks/results/*.json``.
+``python benchmarks/fit_costmodel.py benchmarks/results/{np2,np4,np2cold}.json``.
 """
 from __future__ import annotations
 
@@ -48,12 +50,16 @@ SWEEPS = {  # name: (ranks, script, arguments)
                                          "--algorithms rd,tree,rhd,ring,mpi,mpi4py,gloo"),
     "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 3 --budget 0.45 -c "
                                      "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo"),
+    "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 3 --budget 0.6 -c --cold 256 "
+                                         "--algorithms ring,rhd,shm,auto,mpi"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2"),
 }
 QUICK = {  # --quick: the same pipeline in well under a minute, to check the plumbing (no 64 MiB row)
     "np2": (2, "allreduce_bench.py", "-b 8 -e 256K -f 32 -n 3 -w 1 --membw-mib 16 -c"),
     "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 8 -n 20 -w 2 --membw-mib 16 --algorithms rd,tree,mpi"),
     "np4": (4, "allreduce_bench.py", "-b 8 -e 64K -f 64 -n 3 -w 1 --membw-mib 16 -c --algorithms ring,rd,mpi"),
+    "np2cold": (2, "allreduce_bench.py", "-b 64K -e 256K -f 4 -n 2 -w 1 --membw-mib 16 -c --cold 4 "
+                                         "--algorithms ring,shm,mpi"),
     "engine": (2, "engine_bench.py", "-n 1 -w 1 --tensors 50 --compress-sizes 256K --modes fusion,compression"),
 }
 
@@ -175,6 +181,7 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
     titles = {"np2": "Allreduce sweep, 2 ranks (float32, sum, -c checked)",
               "latency": "Small-message latency, 2 ranks",
               "np4": "Allreduce sweep, 4 ranks oversubscribed on the cores (float32, sum, -c checked)",
+              "np2cold": "Allreduce sweep, 2 ranks, cold buffers (every call's data comes from memory)",
               "engine": "Engine: fusion, compression, ResNet-50 step, round-trip latency",
               "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2"}
     for name, (text, data, shown) in runs.items():
@@ -191,7 +198,7 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
                 osu += [common.format_osu(common.Row(**r)) for r in data["records"] if r["algorithm"] == algo]
             lines += ["The same rows in OSU format:", "", "```", *osu, "```", ""]
     if fit_text:
-        fit = " ".join(_rel(RESULTS / f) for f in ("np2.json", "np4.json"))
+        fit = " ".join(_rel(RESULTS / f) for f in ("np2.json", "np4.json", "np2cold.json"))
         lines += ["## Cost model fit", "", "```", f"python benchmarks/fit_costmodel.py {fit} "
                   f"--out {_rel(RESULTS / 'costmodel.json')}", "```", "",
                   "```", fit_text.rstrip(), "```", ""]
@@ -289,7 +296,7 @@ def main(argv=None) -> int:
                 plot.plot_run(data, png)
             plots[name] = _rel(png)
     fit_text = ""
-    sources = [str(RESULTS / f"{n}.json") for n in ("np2", "np4") if runs.get(n, (0, None))[1]]
+    sources = [str(RESULTS / f"{n}.json") for n in ("np2", "np4", "np2cold") if runs.get(n, (0, None))[1]]
     if sources:
         proc = subprocess.run([sys.executable, "benchmarks/fit_costmodel.py", *sources, "--out",
                                str(RESULTS / "costmodel.json")], cwd=ROOT, capture_output=True, text=True)

@@ -154,7 +154,7 @@ def test_builtin_table_stands_in_only_without_a_machine_file(tmp_path, monkeypat
     rows = [{"algorithm": a, "ranks": 2, "size_bytes": n, "time_us": t} for a, n, t in [
         ("mpi", 1024, 5.0), ("ring", 1024, 50.0), ("mpi", 1 << 26, 900.0), ("ring", 1 << 26, 90000.0)]]
     builtin = tmp_path / "builtin.json"
-    fit_costmodel.write_builtin(builtin, fit_costmodel.measured_table(rows), ["run.json"])
+    fit_costmodel.write_builtin(builtin, fit_costmodel.measured_table(rows), {}, ["run.json"])
     monkeypatch.setattr(select, "BUILTIN", builtin)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     select.clear_cache()
@@ -173,3 +173,45 @@ def test_builtin_table_stands_in_only_without_a_machine_file(tmp_path, monkeypat
         assert str(select.default_path()) in select.source()
     finally:
         select.clear_cache()
+
+
+def test_cold_runs_decide_for_the_engine_within_their_sizes(tmp_path):
+    """Rows of an allreduce_bench --cold run form their own table; choose(cold=True) (the engine's
+    communicator) goes by it inside its size range and by the warm table elsewhere."""
+    import json
+    from allreduce.algorithms import select
+    from benchmarks import fit_costmodel
+    warm = {"ranks": 2, "records": [{"algorithm": a, "ranks": 2, "size_bytes": n, "time_us": t} for a, n, t in [
+        ("mpi", 1024, 5.0), ("shm", 1024, 50.0), ("mpi", 1 << 22, 300.0), ("shm", 1 << 22, 400.0)]]}
+    cold = {"ranks": 2, "cold_mib": 256, "records": [
+        {"algorithm": a, "ranks": 2, "size_bytes": n, "time_us": t} for a, n, t in [
+            ("mpi", 1 << 20, 300.0), ("shm", 1 << 20, 200.0), ("mpi", 1 << 22, 1000.0), ("shm", 1 << 22, 800.0)]]}
+    files = []
+    for name, data in (("warm.json", warm), ("cold.json", cold)):
+        (tmp_path / name).write_text(json.dumps(data))
+        files.append(str(tmp_path / name))
+    rows, _ = fit_costmodel.load_rows(files)
+    assert fit_costmodel.measured_table(rows)["2"][-1] == [1 << 22, {"mpi": 300.0, "shm": 400.0}]
+    assert fit_costmodel.measured_table(rows, cold=True)["2"][0] == [1 << 20, {"mpi": 300.0, "shm": 200.0}]
+    path = tmp_path / "cm.json"
+    fit_costmodel.write_constants(path, {}, files, fit_costmodel.measured_table(rows),
+                                  fit_costmodel.measured_table(rows, cold=True))
+    select.clear_cache()
+    try:
+        pick = lambda n, cold: select.choose(n, 2, candidates=("mpi", "shm"), path=str(path), cold=cold)  # noqa: E731
+        assert pick(1 << 22, False) == "mpi" and pick(1 << 22, True) == "shm"
+        assert pick(2 << 20, True) == "shm"
+        assert pick(1024, True) == "mpi"          # below the cold run's sizes: the warm table
+    finally:
+        select.clear_cache()
+
+
+def test_the_engine_chooses_for_cold_data():
+    from allreduce.engine.engine import Engine
+    from allreduce.transport.threads import ThreadWorld
+    world = ThreadWorld(1)
+    engine = Engine(world.transport(0))
+    try:
+        assert engine.comm.cold is True
+    finally:
+        engine.shutdown()

@@ -77,3 +77,20 @@ def test_gloo_peer_or_skip_note():
     else:
         assert {r["algorithm"] for r in rows} == {"gloo", "mpi"}, proc.stdout
     assert all(r["wrong"] == 0 for r in rows), proc.stdout
+
+
+def test_cold_rotates_over_distinct_inputs_and_says_so(tmp_path):
+    """--cold: the timed calls cycle through distinct buffers spanning the given MiB; results stay exact."""
+    from benchmarks import allreduce_bench
+    args = allreduce_bench.parse_args(["--cold", "1", "-o", "sum"])
+    xs = allreduce_bench.timing_inputs(16 << 10, common.dtype_from_name("float32"), args)
+    assert len(xs) == 16 and len({x.ctypes.data for x in xs}) == 16          # 16 x 64 KiB = 1 MiB
+    assert len(allreduce_bench.timing_inputs(16 << 10, common.dtype_from_name("float32"),
+                                             allreduce_bench.parse_args([]))) == 1
+    out = tmp_path / "cold.json"
+    proc = mpirun(2, BENCH, "-b", "64K", "-e", "64K", "-c", "--cold", "1", "--algorithms", "ring,shm,mpi",
+                  "--json", str(out), *QUICK, timeout=120)
+    rows = common.parse_table(proc.stdout)
+    assert {r["algorithm"] for r in rows} == {"ring", "shm", "mpi"} and all(r["wrong"] == 0 for r in rows)
+    assert "cold: the calls rotate over distinct inputs spanning 1 MiB" in proc.stdout
+    assert json.loads(out.read_text())["cold_mib"] == 1

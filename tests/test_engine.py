@@ -244,3 +244,29 @@ def test_a_waiting_caller_ends_the_burst_and_fused_results_leave_inputs_alone():
             assert np.shares_memory(results[r][0].base, results[r][1].base)   # one packed array
             assert not any(np.shares_memory(y, x) for y in results[r] for x in inputs[r])
             assert inputs[r][0].tolist() == [r + 1.0] * 5                      # inputs untouched
+
+
+def test_result_memory_is_recycled_only_after_the_caller_drops_it():
+    """Results come from a pool (fresh pages cost more than the reduction): a result the caller
+    still holds is never written again, and memory of dropped results is used for later steps."""
+    sizes = {"fused.a": 50_000, "fused.b": 60_000, "direct": 300_000}     # float32: 200 KB, 240 KB, 1.2 MB
+
+    def step(engs, value):
+        handles = [{n: e.submit(np.full(k, value + r, np.float32), name=n, op=Op.SUM) for n, k in sizes.items()}
+                   for r, e in enumerate(engs)]
+        return [{n: h.wait(30) for n, h in hs.items()} for hs in handles]
+
+    with engines(2) as engs:
+        first = step(engs, 1.0)                     # held below
+        second = step(engs, 10.0)
+        for r in range(2):
+            for n, k in sizes.items():
+                assert first[r][n].tolist() == [3.0] * k and second[r][n].tolist() == [21.0] * k
+                assert not np.shares_memory(first[r][n], second[r][n])
+        before = {a.ctypes.data for res in first for a in res.values()}
+        del first
+        third = step(engs, 100.0)
+        for r in range(2):
+            assert all(third[r][n].tolist() == [201.0] * k for n, k in sizes.items())
+            assert all(not np.shares_memory(third[r][n], second[r][n]) for n in sizes)
+        assert before & {a.ctypes.data for res in third for a in res.values()}, "no memory was reused"

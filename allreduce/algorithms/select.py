@@ -14,7 +14,9 @@ The constants live in one place: ``DEFAULTS`` below, overridden by the file
 ``benchmarks/fit_costmodel.py`` writes from a real run on this machine
 (``~/.cache/allreduce/costmodel-<host>.json``, or ``ALLREDUCE_COSTMODEL``).
 
-That file also keeps the measured times themselves, per world size. With
+That file also keeps the measured times themselves, per world size (and,
+from ``allreduce_bench.py --cold`` runs, with a cold cache: the engine's
+choice, see :func:`measured_times`). With
 no per-machine file, the measured table shipped with the package
 (``costmodel_builtin.json``: the BENCHMARKS.md run on the 2-core VM,
 written by ``fit_costmodel.py --builtin``) stands in for it; an explicit
@@ -166,7 +168,8 @@ def _predict(algorithm: str, nbytes: int, p: int, table: dict) -> float:
     return a * c["alpha"] + b * nbytes * c["beta"] + g * nbytes * c["gamma"]
 
 
-def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), path: str = "") -> str:
+def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), path: str = "",
+           cold: bool = False) -> str:
     """The candidate with the smallest predicted time (ties go to the earlier name).
 
     ``Communicator.auto_candidates`` adds ``mpi`` on the MPI transport and
@@ -174,38 +177,48 @@ def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), pat
     constants file: the engine and the blocking path
     ask for every allreduce, and evaluating the model costs tens of microseconds.
     """
-    return _choose(nbytes, p, tuple(candidates), _stamp(path))
+    return _choose(nbytes, p, tuple(candidates), _stamp(path), cold)
 
 
 @lru_cache(maxsize=4096)
-def _choose(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, int | None]) -> str:
-    measured = _measured_choice(nbytes, p, candidates, _read(*stamp).get("measured", {}))
-    if measured is not None:
-        return measured
+def _choose(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, int | None], cold: bool) -> str:
+    times = measured_times(nbytes, p, candidates, stamp=stamp, cold=cold)
+    if times is not None:
+        return min(candidates, key=times.__getitem__)          # ties go to the earlier name
     table = _load(*stamp)
     return min(candidates, key=lambda name: _predict(name, nbytes, p, table))
 
 
-def measured_times(nbytes: int, p: int, candidates: tuple[str, ...], *, path: str = "") -> dict[str, float] | None:
-    """Seconds per candidate from the measured table (interpolated), or None when it cannot decide."""
-    return _measured_times(nbytes, p, tuple(candidates), _read(*_stamp(path)).get("measured", {}))
+def measured_times(nbytes: int, p: int, candidates: tuple[str, ...], *, path: str = "", cold: bool = False,
+                   stamp: tuple[str, int | None] | None = None) -> dict[str, float] | None:
+    """Seconds per candidate from a benchmark of this world size on this machine (interpolated), or
+    None when ``p`` or a candidate was not measured: then the model decides.
+
+    ``cold``: prefer the table measured with a cold cache (``allreduce_bench.py --cold``), where it
+    covers ``nbytes``: the engine's tensors are gradients, written by a backward pass over a model
+    larger than the cache, while a benchmark loop (and nccl-tests) reuses one warm buffer. On the
+    2-core VM the two disagree: native MPI is the fastest at 4 MiB warm, and shm, cold, reduced
+    ResNet-50's gradients through the engine in 24 ms against native's 30 (by hand).
+    """
+    data = _read(*(stamp or _stamp(path)))
+    if cold:
+        times = _measured_times(nbytes, p, tuple(candidates), data.get("measured_cold", {}), within=True)
+        if times is not None:
+            return times
+    return _measured_times(nbytes, p, tuple(candidates), data.get("measured", {}))
 
 
-def _measured_choice(nbytes: int, p: int, candidates: tuple[str, ...], measured: dict) -> str | None:
-    """From a benchmark of this world size on this machine: the fastest candidate (ties go to the
-    earlier name). None when ``p`` was not measured, or when a candidate was not: then the model
-    decides."""
-    times = _measured_times(nbytes, p, candidates, measured)
-    return None if times is None else min(candidates, key=times.__getitem__)
-
-
-def _measured_times(nbytes: int, p: int, candidates: tuple[str, ...], measured: dict) -> dict[str, float] | None:
+def _measured_times(nbytes: int, p: int, candidates: tuple[str, ...], measured: dict,
+                    within: bool = False) -> dict[str, float] | None:
     """Each candidate's time, interpolating its log(time) linearly in log(size) between the two
-    measured sizes around ``nbytes`` (the nearest measured size outside the range)."""
+    measured sizes around ``nbytes`` (the nearest measured size outside the range; ``within``:
+    None outside the measured range instead)."""
     rows = measured.get(str(p)) if isinstance(measured, dict) else None
     if not rows:
         return None
     sizes = [int(size) for size, _ in rows]
+    if within and not sizes[0] <= nbytes <= sizes[-1]:
+        return None
     x = math.log2(max(nbytes, 1))
     hi = next((i for i, size in enumerate(sizes) if size >= nbytes), len(sizes) - 1)
     lo = max(hi - 1, 0) if sizes[hi] > nbytes else hi

@@ -101,7 +101,7 @@ class Engine:
         self.timeline = Timeline(timeline_path(config.timeline, self.rank), self.rank) \
             if config.timeline else None
         self.transport = TimelineTransport(transport) if self.timeline else transport
-        self.comm = Communicator(self.transport, config=config, local_size=local_size)
+        self.comm = Communicator(self.transport, config=config, local_size=local_size, cold=True)
         self.negotiator = Negotiator(self.rank, self.size, self._control, self.comm.allgather_object,
                                      capacity=config.cache_capacity)
         self.fusion = Fusion(self.rank, self.size, self._allreduce, self.comm.workspace, self.timeline,

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from .. import kernels
-from ..buffers import Workspace
+from ..buffers import ResultPool, Workspace
 from ..errors import CompressionError
 from ..ops import Op
 from .compression import HalfCompressor
@@ -112,6 +112,7 @@ class Fusion:
         self.workspace = workspace
         self.timeline, self.transport = timeline, transport
         self.residuals: dict[str, np.ndarray] = {}    # error feedback, per tensor name
+        self.results = ResultPool()                   # new result arrays, recycled once dropped
 
     def run(self, batch: Batch) -> list[tuple[Entry, object]]:
         """Reduce one batch; return ``(entry, result array or exception)`` for each tensor."""
@@ -129,7 +130,11 @@ class Fusion:
         # the caller's own array for an in-place allreduce, else a copy.
         plain = not single and not fused_half and not custom
         if single:
-            buf = entries[0].flat if entries[0].inplace else np.array(entries[0].flat, copy=True)
+            if entries[0].inplace:
+                buf = entries[0].flat
+            else:
+                buf = self.results.empty(entries[0].flat.size, entries[0].flat.dtype)
+                np.copyto(buf, entries[0].flat)
             bad = [(0, 0)]
         elif plain:
             # One C call packs them all: a copy per tensor costs more in Python (and in handing
@@ -142,7 +147,7 @@ class Fusion:
                 buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
                 np.concatenate(flats, out=buf)
             else:
-                buf = np.concatenate(flats)
+                buf = np.concatenate(flats, out=self.results.empty(offsets[-1], batch.wire))
             bad = [(0, 0)] * len(entries)
         else:
             buf = self.workspace.get("engine.fusion", offsets[-1], batch.wire)
