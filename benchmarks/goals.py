@@ -80,8 +80,8 @@ def shm_and_auto_goals(records: list[dict], label: str) -> list[str]:
             low = min(bounds)
             lines.append(f"- shm %bound (algbw / (B_mem/(2p))), {label}, 4 MiB and up, worst size: "
                          f"**{low:.0%}** (goal >= 60%): " + ("**met**." if low >= 0.6 else "**not met**.")
-                         + " shm moves (7p-5)/p bytes per byte through memory (copy in, reduce, publish, "
-                         "copy out); 60% of the bound allows about 3.3 per rank at p = 2.")
+                         + " shm moves (7p-6)/p bytes per byte through memory (copy in, reduce and publish "
+                         "in one pass, copy out): 4 at p = 2, where 60% of the bound allows about 3.3.")
     sizes = sorted(s for (a, s) in t if a == "auto")
     if sizes:
         worst, where = 0.0, None

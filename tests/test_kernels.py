@@ -156,3 +156,31 @@ def test_reduce_first_into_puts_src_first(dtype, op):
     np.testing.assert_array_equal(dst, want)
     assert not kernels.reduce_first_into(dst, src, Op.MIN)
     assert not kernels.reduce_first_into(dst.astype(np.float16), src.astype(np.float16), op)
+
+
+@pytest.mark.parametrize("op", list(Op))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8])
+def test_reduce_finish_into_both_writes_the_same_result_twice(op, dtype):
+    """shm's one-pass publish: dst and out both get exactly what reduce_finish_into gives dst."""
+    rng = np.random.default_rng(7)
+    if np.dtype(dtype).kind == "f":
+        a = rng.standard_normal(1001).astype(dtype)
+        b = rng.standard_normal(1001).astype(dtype)
+        a[:4] = [np.inf, -0.0, 0.0, 1.0]
+        b[:4] = [1.0, 0.0, -0.0, np.nan]
+    else:
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, 1001, endpoint=True).astype(dtype)
+        b = rng.integers(info.min, info.max, 1001, endpoint=True).astype(dtype)
+    want = a.copy()
+    kernels.reduce_finish_into(want, b, op, 3)
+    dst, out = a.copy(), np.full_like(a, 7)
+    assert kernels.reduce_finish_into_both(dst, b, out, op, 3)
+    assert dst.tobytes() == want.tobytes() and out.tobytes() == want.tobytes()
+    empty = np.empty(0, dtype)
+    assert kernels.reduce_finish_into_both(empty, empty, empty, op, 3)
+
+
+def test_reduce_finish_into_both_declines_the_16_bit_formats():
+    x = np.ones(4, np.float16)
+    assert not kernels.reduce_finish_into_both(x, x.copy(), x.copy(), Op.SUM, 2)

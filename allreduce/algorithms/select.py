@@ -85,9 +85,9 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
     if algorithm == "mpi":
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "shm":
-        # Two flag hand-offs per window; each rank reads and writes (7p-5)/p bytes per byte of input.
+        # Two flag hand-offs per window; each rank reads and writes (7p-6)/p bytes per byte of input.
         windows = max(1, math.ceil((nbytes or 0) / SHM_WINDOW_BYTES))
-        return 2 * windows, 0.0, (7 * p - 5) / p
+        return 2 * windows, 0.0, (7 * p - 6) / p
     raise ValueError(f"no cost model for algorithm {algorithm!r}")
 
 

@@ -19,7 +19,8 @@ streams through the fixed segment, window after window):
   1. copy-in: copy my input, all but my slice, into my region; post.
   2. reduce: for each peer in a fixed order (me+1, me+2, ...): wait for its
      post, reduce its copy of my slice into my buffer; the last reduction
-     fuses Average's divide. Copy the finished slice into my region; post.
+     fuses Average's divide and writes the finished slice into my region
+     too, in the same pass (publish); post.
   3. copy-out: for each peer: wait for its second post, copy its finished
      slice into my buffer.
 
@@ -36,8 +37,10 @@ always in the same order, so every rank gets the same bits.
 Cost (n bytes, p ranks, W = slot_bytes, B = memory bandwidth, sync = one
 flag hand-off: microseconds, a scheduler time slice when oversubscribed):
 
-    T = 2 ceil(n/W) sync  +  (7p - 5)/p * n / B
-        (copy-in 2(p-1)/p n, reduce 3(p-1)/p n, publish 2/p n, copy-out 2(p-1)/p n bytes moved)
+    T = 2 ceil(n/W) sync  +  (7p - 6)/p * n / B
+        (copy-in 2(p-1)/p n, reduce 3(p-1)/p n, publish 1/p n (written by the last
+         reduction: a separate copy would read the slice again, 2/p n), copy-out
+         2(p-1)/p n bytes moved)
 
 No message latency (alpha) and no message copies: MPI's point-to-point
 algorithms copy each message into a shared buffer and out again. The
@@ -56,7 +59,7 @@ from ..ops import Op
 from ..transport import shared
 from ..transport.base import Transport
 
-__all__ = ["allreduce", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
+__all__ = ["allreduce", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "reduce_and_publish", "publish", "copy_out",
            "windows"]
 
 SLOT_BYTES = 4 << 20   #: window per rank: milliseconds of work per sync, even oversubscribed
@@ -101,6 +104,28 @@ def reduce_slice(seg: shared.SharedSegment, window: np.ndarray, slices, base: in
         else:
             kernels.reduce_into(mine, theirs, op)
     return mine
+
+
+def reduce_and_publish(seg: shared.SharedSegment, window: np.ndarray, slices, base: int, posted: int,
+                       op: Op, finish_nranks: int) -> int:
+    """Step 2 whole: :func:`reduce_slice`, whose last reduction writes my finished slice into my
+    buffer and my region in the same pass (one read of the slice fewer than reduce, then
+    :func:`publish`; the two-step way for float16/bfloat16), then post; returns the posted value."""
+    p, me = seg.size, seg.rank
+    off, n = slices[me]
+    mine = window[off:off + n]
+    for i in range(1, p):
+        peer = (me + i) % p
+        seg.wait(peer, posted)                                 # wait for the peer's copy-in
+        theirs = seg.data(peer, window.dtype, n, base + off)
+        if i < p - 1:
+            kernels.reduce_into(mine, theirs, op)
+            continue
+        out = seg.data(me, window.dtype, n, base + off)
+        if not kernels.reduce_finish_into_both(mine, theirs, out, op, finish_nranks):
+            kernels.reduce_finish_into(mine, theirs, op, finish_nranks)
+            kernels.copy_into(out, mine)
+    return seg.post()
 
 
 def publish(seg: shared.SharedSegment, window: np.ndarray, slices, base: int) -> int:
@@ -151,8 +176,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
             copy_in(seg, window, slices, base)
             posted = seg.post()
             comm.mark("reduce", k)
-            reduce_slice(seg, window, slices, base, posted, op, p)
-            posted = publish(seg, window, slices, base)
+            posted = reduce_and_publish(seg, window, slices, base, posted, op, p)
             comm.mark("copy-out", k)
             copy_out(seg, window, slices, base, posted)
     except BaseException as exc:

@@ -19,12 +19,15 @@ import numpy as np
 from ..ops import Op, bfloat16
 from . import cpu, half
 
-__all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "finish", "copy_into"]
+__all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "reduce_finish_into_both", "finish",
+           "copy_into"]
 
 _NATIVE = {Op.SUM: cpu.sum_into, Op.AVERAGE: cpu.sum_into, Op.PRODUCT: cpu.prod_into,
            Op.MIN: cpu.min_into, Op.MAX: cpu.max_into}
 _HALF = {np.dtype(np.float16): half.FLOAT16, bfloat16: half.BFLOAT16}
 _FIRST = {Op.SUM: cpu.sum_first_into, Op.AVERAGE: cpu.sum_first_into, Op.PRODUCT: cpu.prod_first_into}
+_BOTH = {Op.SUM: cpu.sum_into_both, Op.PRODUCT: cpu.prod_into_both, Op.MIN: cpu.min_into_both,
+         Op.MAX: cpu.max_into_both}
 _NATIVE_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8))
 
 
@@ -69,6 +72,22 @@ def reduce_finish_into(dst: np.ndarray, src: np.ndarray, op: Op, nranks: int) ->
         cpu.sum_avg_into(dst, src, nranks)
     else:
         cpu.int_sum_avg_into(dst, src, nranks)
+
+
+def reduce_finish_into_both(dst: np.ndarray, src: np.ndarray, out: np.ndarray, op: Op, nranks: int) -> bool:
+    """:func:`reduce_finish_into`, with the result also written to ``out``, in one pass; True if done.
+
+    float16 and bfloat16 return False: do it in two steps (reduce, then copy).
+    """
+    if dst.dtype not in _NATIVE_DTYPES:
+        return False
+    if dst.size == 0:
+        return True
+    if op == Op.AVERAGE:
+        (cpu.sum_avg_into_both if dst.dtype.kind == "f" else cpu.int_sum_avg_into_both)(dst, src, out, nranks)
+    else:
+        _BOTH[op](dst, src, out)
+    return True
 
 
 def finish(buf: np.ndarray, op: Op, nranks: int) -> None:

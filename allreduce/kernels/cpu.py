@@ -16,7 +16,9 @@ import numpy as np
 from numba import njit
 
 __all__ = ["sum_into", "prod_into", "sum_first_into", "prod_first_into", "min_into", "max_into",
-           "sum_avg_into", "avg_inplace", "int_sum_avg_into", "int_avg_inplace"]
+           "sum_avg_into", "avg_inplace", "int_sum_avg_into", "int_avg_inplace",
+           "sum_into_both", "prod_into_both", "min_into_both", "max_into_both", "sum_avg_into_both",
+           "int_sum_avg_into_both"]
 
 
 @njit(nogil=True, cache=True)
@@ -90,3 +92,58 @@ def int_avg_inplace(dst, n):
         v = np.int64(dst[i])
         q = abs(v) // n
         dst[i] = q if v >= 0 else -q
+
+
+# -- "both": the last reduction of a slice, written to the caller's buffer and to a second place
+# (shm's shared region) in the same pass: one read of the result fewer than reduce-then-copy.
+
+@njit(nogil=True, cache=True)
+def sum_into_both(dst, src, out):
+    for i in range(dst.size):
+        v = dst[i] + src[i]
+        dst[i] = v
+        out[i] = v
+
+
+@njit(nogil=True, cache=True)
+def prod_into_both(dst, src, out):
+    for i in range(dst.size):
+        v = dst[i] * src[i]
+        dst[i] = v
+        out[i] = v
+
+
+@njit(nogil=True, cache=True)
+def min_into_both(dst, src, out):
+    for i in range(dst.size):
+        s = src[i]
+        v = s if (s < dst[i] or s != s) else dst[i]
+        dst[i] = v
+        out[i] = v
+
+
+@njit(nogil=True, cache=True)
+def max_into_both(dst, src, out):
+    for i in range(dst.size):
+        s = src[i]
+        v = s if (s > dst[i] or s != s) else dst[i]
+        dst[i] = v
+        out[i] = v
+
+
+@njit(nogil=True, cache=True)
+def sum_avg_into_both(dst, src, out, n):
+    for i in range(dst.size):
+        v = (dst[i] + src[i]) / n
+        dst[i] = v
+        out[i] = v
+
+
+@njit(nogil=True, cache=True)
+def int_sum_avg_into_both(dst, src, out, n):
+    for i in range(dst.size):
+        dst[i] = dst[i] + src[i]
+        w = np.int64(dst[i])
+        q = abs(w) // n
+        dst[i] = q if w >= 0 else -q
+        out[i] = dst[i]
