@@ -59,7 +59,7 @@ from ..ops import Op
 from ..transport import shared
 from ..transport.base import Transport
 
-__all__ = ["allreduce", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "reduce_and_publish", "publish", "copy_out",
+__all__ = ["allreduce", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
            "windows"]
 
 SLOT_BYTES = 4 << 20   #: window per rank: milliseconds of work per sync, even oversubscribed
@@ -87,30 +87,14 @@ def copy_in(seg: shared.SharedSegment, window: np.ndarray, slices, base: int) ->
 
 
 def reduce_slice(seg: shared.SharedSegment, window: np.ndarray, slices, base: int, posted: int,
-                 op: Op, finish_nranks: int) -> np.ndarray:
+                 op: Op, finish_nranks: int, publish: bool = False) -> np.ndarray:
     """Step 2: reduce my slice of ``window`` in place from every peer's region; return it.
 
     ``finish_nranks`` > 0 fuses Average's divide into the last reduction; 0 leaves a plain sum.
+    ``publish``: the last reduction also writes the finished slice into my region, in the same
+    pass (one read of the slice fewer than :func:`publish` after it; float16 and bfloat16 take
+    the two steps). Post afterwards.
     """
-    p, me = seg.size, seg.rank
-    off, n = slices[me]
-    mine = window[off:off + n]
-    for i in range(1, p):
-        peer = (me + i) % p
-        seg.wait(peer, posted)                                 # wait for the peer's copy-in
-        theirs = seg.data(peer, window.dtype, n, base + off)
-        if i == p - 1 and finish_nranks:
-            kernels.reduce_finish_into(mine, theirs, op, finish_nranks)
-        else:
-            kernels.reduce_into(mine, theirs, op)
-    return mine
-
-
-def reduce_and_publish(seg: shared.SharedSegment, window: np.ndarray, slices, base: int, posted: int,
-                       op: Op, finish_nranks: int) -> int:
-    """Step 2 whole: :func:`reduce_slice`, whose last reduction writes my finished slice into my
-    buffer and my region in the same pass (one read of the slice fewer than reduce, then
-    :func:`publish`; the two-step way for float16/bfloat16), then post; returns the posted value."""
     p, me = seg.size, seg.rank
     off, n = slices[me]
     mine = window[off:off + n]
@@ -121,11 +105,12 @@ def reduce_and_publish(seg: shared.SharedSegment, window: np.ndarray, slices, ba
         if i < p - 1:
             kernels.reduce_into(mine, theirs, op)
             continue
-        out = seg.data(me, window.dtype, n, base + off)
-        if not kernels.reduce_finish_into_both(mine, theirs, out, op, finish_nranks):
+        out = seg.data(me, window.dtype, n, base + off) if publish else None
+        if out is None or not kernels.reduce_finish_into_both(mine, theirs, out, op, finish_nranks):
             kernels.reduce_finish_into(mine, theirs, op, finish_nranks)
-            kernels.copy_into(out, mine)
-    return seg.post()
+            if out is not None:
+                kernels.copy_into(out, mine)
+    return mine
 
 
 def publish(seg: shared.SharedSegment, window: np.ndarray, slices, base: int) -> int:
@@ -176,7 +161,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
             copy_in(seg, window, slices, base)
             posted = seg.post()
             comm.mark("reduce", k)
-            posted = reduce_and_publish(seg, window, slices, base, posted, op, p)
+            reduce_slice(seg, window, slices, base, posted, op, p, publish=True)
+            posted = seg.post()
             comm.mark("copy-out", k)
             copy_out(seg, window, slices, base, posted)
     except BaseException as exc:
