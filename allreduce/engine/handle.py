@@ -49,7 +49,7 @@ class Handle:
 
     def __init__(self, name: str, on_wait=None):
         self.name = name
-        self._on_wait = on_wait            # called once when a caller first blocks on this handle
+        self._on_wait = on_wait            # on_wait(+1) when a caller blocks on this handle, (-1) after
         self._lock = threading.Lock()
         self._lock.acquire()
         self._done = False
@@ -75,12 +75,16 @@ class Handle:
             ``TimeoutError`` if ``timeout`` passed first.
         """
         if not self._done:
-            if self._on_wait is not None:
-                on_wait, self._on_wait = self._on_wait, None
-                on_wait()
-            if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-                raise TimeoutError(f"allreduce of {self.name!r} not done after {timeout:g} s")
-            self._lock.release()
+            on_wait = self._on_wait
+            if on_wait is not None:
+                on_wait(1)
+            try:
+                if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+                    raise TimeoutError(f"allreduce of {self.name!r} not done after {timeout:g} s")
+                self._lock.release()
+            finally:
+                if on_wait is not None:
+                    on_wait(-1)
         if self._error is not None:
             raise self._error
         return self._result
