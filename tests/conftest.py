@@ -6,3 +6,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # Root in CI and on dev machines: Open MPI refuses root without these.
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+# Property tests: random examples on a developer's machine (to find new cases), the same
+# examples on every CI run (a red CI then means a change broke something, not a new draw).
+try:
+    from hypothesis import settings as _hypothesis_settings
+    _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        _hypothesis_settings.load_profile("ci")
+except ImportError:
+    pass

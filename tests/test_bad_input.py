@@ -107,7 +107,8 @@ def test_fuzz_public_api(dtype, op, algorithm, shape, p, segment, strided):
     rng = np.random.default_rng(abs(hash((str(dtype), shape))) % 2**32)
     base = [(rng.integers(0, 3, size=tuple(n * 2 for n in shape) if strided else shape)).astype(dtype)
             for _ in range(p)]
-    inputs = [x[tuple(slice(None, None, 2) for _ in shape)] if strided else x for x in base]
+    # (a 0-d array has nothing to stride: indexing it with () would give a scalar, not an array)
+    inputs = [x[tuple(slice(None, None, 2) for _ in shape)] if strided and shape else x for x in base]
 
     def fn(c):
         return c.allreduce(inputs[c.rank], op, algorithm=algorithm)

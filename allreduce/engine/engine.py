@@ -41,6 +41,9 @@ of the step). No tensor waits for the stretch: a rank's submit wakes its own
 engine, so a cycle starts once the last rank has submitted, which is as soon
 as any cycle could agree on the tensor. Only a tensor that some rank never
 submits waits up to one stretched cycle before the stall inspector sees it.
+While a caller is blocked on a handle, cycles come every ``BURST_GAP`` x
+``cycle_time``: a cycle that met a peer not yet ready (it was in a cycle for
+other work) must not make the next try wait a whole period.
 """
 from __future__ import annotations
 
