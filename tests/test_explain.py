@@ -186,6 +186,13 @@ def test_totals_and_cost_for_ring():
     assert "ERROR" not in text
 
 
+def test_every_kind_of_reduction_is_counted():
+    """rd's higher rank reduces with reduce_first_into, and shm's last reduction writes two places at
+    once (reduce_finish_into_both): each is one reduction of n/p (shm) or n (rd) bytes."""
+    assert totals(explain("rd", 2, 4)) == [(1, 32, 32)] * 2
+    assert totals(explain("shm", 3, 6)) == [(0, 0, 32)] * 3      # (p-1) reductions of n/p = 16 bytes
+
+
 def _double_counting(comm, buf, op, *, workspace, segment_bytes):
     """A broken allreduce: everyone sends to everyone, and rank 0 adds its own buffer twice."""
     p, rank = comm.size, comm.rank

@@ -202,32 +202,38 @@ class RecordingTransport(Transport):
 
 @contextlib.contextmanager
 def patch_kernels(recording: Recording, *modules) -> Iterator[None]:
-    """Count every ``reduce_into``/``reduce_finish_into`` call while the block runs.
+    """Count every reduction call (``reduce_into``, ``reduce_finish_into``, and the two that
+    return whether they did it: ``reduce_first_into``, ``reduce_finish_into_both``) while the
+    block runs.
 
     Patches ``allreduce.kernels`` and any of ``modules`` that imported the
     functions by name; everything is restored on exit.
     """
     from .. import kernels
-    originals = {"reduce_into": kernels.reduce_into, "reduce_finish_into": kernels.reduce_finish_into}
+    names = ("reduce_into", "reduce_finish_into", "reduce_first_into", "reduce_finish_into_both")
+    originals = {name: getattr(kernels, name) for name in names}
+    reports_done = {"reduce_first_into", "reduce_finish_into_both"}   # False: the caller reduces another way
 
     inside = threading.local()   # reduce_finish_into calls reduce_into: count the outer call only
 
-    def wrap(fn):
+    def wrap(fn, name):
         def counted(dst, src, *args, **kwargs):
             if getattr(inside, "busy", False):
                 return fn(dst, src, *args, **kwargs)
-            recording.on_reduce(dst, src)
             inside.busy = True
             try:
-                return fn(dst, src, *args, **kwargs)
+                result = fn(dst, src, *args, **kwargs)
             finally:
                 inside.busy = False
+            if name not in reports_done or result:
+                recording.on_reduce(dst, src)
+            return result
         return counted
 
     with contextlib.ExitStack() as stack:
         for name, fn in originals.items():
-            stack.enter_context(mock.patch.object(kernels, name, wrap(fn)))
+            stack.enter_context(mock.patch.object(kernels, name, wrap(fn, name)))
             for module in modules:
                 if getattr(module, name, None) is fn:
-                    stack.enter_context(mock.patch.object(module, name, wrap(fn)))
+                    stack.enter_context(mock.patch.object(module, name, wrap(fn, name)))
         yield
