@@ -17,6 +17,7 @@ boundary that gets them one:
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 
@@ -79,7 +80,8 @@ class ResultPool:
     ``min_bytes`` are pooled (small ones come from malloc's own free lists),
     at most ``keep`` per size are tracked (when all are in use, the callers
     own them and the pool forgets them), and free blocks are dropped when
-    the pool holds more than ``max_bytes``. One thread (the engine's) uses it.
+    the pool holds more than ``max_bytes``. A lock makes it safe to share between
+    threads (a held block can only gain references from its holder, never from the pool).
     """
 
     def __init__(self, min_bytes: int = 256 << 10, keep: int = 4, max_bytes: int = 2 << 30):
@@ -87,6 +89,7 @@ class ResultPool:
         self._blocks: dict[int, list[np.ndarray]] = {}
         self.nbytes = 0
         self.reused = self.allocated = 0
+        self._lock = threading.Lock()
 
     def empty(self, count: int, dtype) -> np.ndarray:
         """A new 1-D array of ``count`` elements of ``dtype`` (contents undefined)."""
@@ -94,6 +97,10 @@ class ResultPool:
         nbytes = count * dtype.itemsize
         if nbytes < self.min_bytes:
             return np.empty(count, dtype)
+        with self._lock:
+            return self._take(nbytes, dtype)
+
+    def _take(self, nbytes: int, dtype: np.dtype) -> np.ndarray:
         blocks = self._blocks.setdefault(nbytes, [])
         for i in range(len(blocks)):
             if _unused(blocks, i):

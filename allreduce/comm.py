@@ -25,7 +25,7 @@ import numpy as np
 from . import algorithms
 from .algorithms import select
 from .algorithms.allgather import allgather as _allgather_blocks
-from .buffers import Workspace, as_flat, device_allreduce, is_device_array, restore
+from .buffers import ResultPool, Workspace, as_flat, device_allreduce, is_device_array, restore
 from .config import ALGORITHM_NAMES, Config
 from .errors import InvalidArgumentError, MismatchError
 from .ops import Op, as_op, check_dtype, dtype_code
@@ -53,6 +53,7 @@ class Communicator:
         self.cold = cold          # auto chooses for data not in the cache (the engine's gradients)
         self.config = config or Config()
         self.workspace = Workspace()
+        self.results = ResultPool()   # new result arrays: memory reused once the caller drops them
         self._local = (transport.rank if local_rank is None else local_rank,
                        transport.size if local_size is None else local_size)
         self._mpi_transport = getattr(transport, "comm", None) is not None
@@ -137,14 +138,21 @@ class Communicator:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHM_NAMES)}")
         return x, op, algorithm
 
-    def _run_allreduce(self, flat: np.ndarray, op: Op, algorithm: str, transport: Transport | None = None) -> None:
+    def _run_allreduce(self, flat: np.ndarray, op: Op, algorithm: str, transport: Transport | None = None,
+                       src: np.ndarray | None = None) -> None:
+        """Reduce into ``flat``: its own contents, or ``src``'s (an out-of-place call)."""
         if self.config.check and self.size > 1:
             self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                                  algorithm=_ALGO_CODES[algorithm])
         if algorithm == "auto":
             algorithm = self.choose(flat.nbytes)
-        run = algorithms.get(algorithm)
-        run(transport or self.transport, flat, op, workspace=self.workspace, segment_bytes=self.config.segment_bytes)
+        if src is None:
+            run = algorithms.get(algorithm)
+            run(transport or self.transport, flat, op, workspace=self.workspace,
+                segment_bytes=self.config.segment_bytes)
+        else:
+            algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
+                           segment_bytes=self.config.segment_bytes, src=src)
 
     def choose(self, nbytes: int) -> str:
         """``algorithm="auto"``'s pick for ``nbytes`` here; remembered for this communicator's life
@@ -163,8 +171,8 @@ class Communicator:
         if is_device_array(x):    # a GPU array comes back as the same type, on the same GPU
             return device_allreduce(self, x, op, algorithm, inplace=False)
         x, op, algorithm = self._prepare(x, op, algorithm)
-        out = np.array(x, order="C", copy=True)
-        self._run_allreduce(out.reshape(-1), op, algorithm)
+        out = self.results.empty(x.size, x.dtype).reshape(x.shape)   # the algorithm reads x, writes out
+        self._run_allreduce(out.reshape(-1), op, algorithm, src=np.ascontiguousarray(x).reshape(-1))
         return out
 
     def allreduce_(self, x: np.ndarray, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:

@@ -305,3 +305,19 @@ def test_blocked_callers_whose_first_cycle_misses_the_peer_still_complete():
         assert results["t0"].tolist() == results["t1"].tolist() == [3.0] * 3
         assert results["o0"].tolist() == results["o1"].tolist() == [3.0] * 2
         assert elapsed[0] < 2 * cycle / 1000.0, f"{elapsed[0]:.2f} s"
+
+
+@pytest.mark.parametrize("algorithm", ["shm", "ring"])
+def test_a_large_plain_tensor_is_reduced_from_the_callers_array_into_its_result(algorithm):
+    """A plain tensor of DIRECT_BYTES or more goes alone: shm reads it where it is and writes only
+    the result (no copy of the input first); other algorithms get it copied. Inputs stay intact."""
+    from allreduce.engine.fusion import DIRECT_BYTES
+    count = DIRECT_BYTES // 8 + 3
+    with engines(3, algorithm=algorithm) as engs:
+        xs = [np.arange(count, dtype=np.float64) * (r + 1) for r in range(3)]
+        handles = [e.submit(x, name="big", op=Op.SUM) for e, x in zip(engs, xs)]
+        results = [h.wait(30) for h in handles]
+    want = np.arange(count, dtype=np.float64) * 6
+    for r in range(3):
+        assert np.array_equal(results[r], want) and not np.shares_memory(results[r], xs[r])
+        assert np.array_equal(xs[r], np.arange(count, dtype=np.float64) * (r + 1))

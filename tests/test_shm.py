@@ -123,3 +123,46 @@ def test_mpi_stress(np_):
 def test_mpi_public_api():
     out = mpirun(2, "api_check.py", "shm", timeout=240)
     assert out.returncode == 0
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+@pytest.mark.parametrize("count", [0, 1, 4, 1001])
+@pytest.mark.parametrize("op", [Op.SUM, Op.AVERAGE, Op.MAX], ids=repr)
+def test_out_of_place_reads_src_leaves_it_alone_and_matches_in_place(p, count, op):
+    """src=: the input is read from src (never written), the result lands in buf, bit for bit what
+    the in-place call gives; 16-byte windows so a long buffer streams through many."""
+    dtype = np.float32 if op != Op.MAX else np.int32
+    inputs = make_inputs(np.random.default_rng(count + p), p, count, dtype, op)
+    in_place = run_algorithm(shm_with(16), inputs, op)
+
+    def body(comm):
+        src = inputs[comm.rank].copy().reshape(-1)
+        before = src.copy()
+        out = np.full_like(src, 99)
+        shm.allreduce(comm, out, op, workspace=Workspace(), slot_bytes=16, src=src)
+        assert src.tobytes() == before.tobytes(), "src was written"
+        return out
+    got = run_threads(p, body, timeout=20)
+    for r in range(p):
+        assert got[r].tobytes() == in_place[r].reshape(-1).tobytes()
+
+
+def test_communicator_out_of_place_goes_through_src():
+    """Communicator.allreduce (a new array) hands shm the input as src: non-contiguous inputs and
+    0-d arrays too; the inputs stay as they were."""
+    from allreduce.comm import Communicator
+    from allreduce.config import Config
+    for shape, strided in (((6, 4), True), ((), False), ((0, 3), False), ((1001,), False)):
+        base = [np.arange(int(np.prod(shape)) * (4 if strided else 1), dtype=np.float64).reshape(
+            tuple(n * 2 for n in shape) if strided else shape) + r for r in range(3)]
+        xs = [b[::2, ::2] if strided else b for b in base]
+        copies = [x.copy() for x in xs]
+
+        def body(comm):
+            c = Communicator(comm, config=Config(algorithm="shm"))
+            return c.allreduce(xs[comm.rank], Op.SUM)
+        got = run_threads(3, body, timeout=20)
+        want = sum(copies)
+        for r in range(3):
+            assert got[r].shape == xs[r].shape and np.array_equal(got[r], want)
+            assert np.array_equal(xs[r], copies[r])

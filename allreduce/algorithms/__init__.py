@@ -23,12 +23,29 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-__all__ = ["get", "NAMES"]
+__all__ = ["get", "run", "NAMES", "READS_SRC"]
 
 _MODULES = {"ring": "ring", "tree": "tree", "rhd": "rhd", "rd": "rd", "mpi": "native",
             "shm": "shm", "hierarchical": "hierarchical"}
 NAMES = tuple(_MODULES)
 _LOADED: dict[str, Callable] = {}     # import_module costs microseconds per call: resolve once
+
+
+#: Algorithms that take ``src=``: read the input there, write only ``buf``. An out-of-place call
+#: (a new result array) then skips copying the whole input into the result first.
+READS_SRC = frozenset({"shm"})
+
+
+def run(name: str, comm, buf, op, *, workspace, segment_bytes: int, src=None) -> None:
+    """Reduce into ``buf`` with algorithm ``name``: ``buf``'s own contents, or ``src``'s (left
+    unchanged), which an algorithm outside :data:`READS_SRC` gets copied into ``buf`` first."""
+    if src is None:
+        get(name)(comm, buf, op, workspace=workspace, segment_bytes=segment_bytes)
+    elif name in READS_SRC:
+        get(name)(comm, buf, op, workspace=workspace, segment_bytes=segment_bytes, src=src)
+    else:
+        buf[...] = src
+        get(name)(comm, buf, op, workspace=workspace, segment_bytes=segment_bytes)
 
 
 def get(name: str) -> Callable:

@@ -332,13 +332,14 @@ class Engine:
         algorithms.get("rd")(self.transport, buf, op, workspace=self.comm.workspace, segment_bytes=0)
         return "rd"
 
-    def _allreduce(self, buf: np.ndarray, op: Op) -> str:
-        """Reduce ``buf`` in place with the configured algorithm; return the algorithm's name."""
+    def _allreduce(self, buf: np.ndarray, op: Op, src: np.ndarray | None = None) -> str:
+        """Reduce ``buf`` in place (or ``src`` into ``buf``) with the configured algorithm; return
+        the algorithm's name."""
         name = self.config.algorithm
         if name == "auto":
             name = self.comm.choose(buf.nbytes)
-        algorithms.get(name)(self.transport, buf, op, workspace=self.comm.workspace,
-                             segment_bytes=self.config.segment_bytes)
+        algorithms.run(name, self.transport, buf, op, workspace=self.comm.workspace,
+                       segment_bytes=self.config.segment_bytes, src=src)
         return name
 
     def _finish(self, entry: Entry, result) -> None:

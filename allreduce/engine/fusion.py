@@ -129,12 +129,13 @@ class Fusion:
         # Pack: a lone plain tensor is reduced in its result array (no fusion buffer needed):
         # the caller's own array for an in-place allreduce, else a copy.
         plain = not single and not fused_half and not custom
+        src = None
         if single:
             if entries[0].inplace:
                 buf = entries[0].flat
-            else:
+            else:                                 # the algorithm reads the input, writes the result
                 buf = self.results.empty(entries[0].flat.size, entries[0].flat.dtype)
-                np.copyto(buf, entries[0].flat)
+                src = entries[0].flat
             bad = [(0, 0)]
         elif plain:
             # One C call packs them all: a copy per tensor costs more in Python (and in handing
@@ -160,7 +161,7 @@ class Fusion:
         # Reduce: one collective for the whole batch.
         if self.transport is not None:
             self.transport.record()
-        algorithm = self._allreduce(buf, op)
+        algorithm = self._allreduce(buf, op) if src is None else self._allreduce(buf, op, src)
         t_unpack = time.monotonic()
         phases = self.transport.stop(t_unpack) if self.transport is not None else []
 
