@@ -40,3 +40,25 @@ def test_other_dtypes_small_arrays_and_bounds():
     assert pool.nbytes <= 4096 + 1024 and x.nbytes == 4096
     pool.clear()
     assert pool.nbytes == 0
+
+
+def test_communicator_results_are_recycled_only_when_dropped():
+    """ar.allreduce's new arrays come from the communicator's pool: a held result is never
+    reused, a dropped one is."""
+    from allreduce.comm import Communicator
+    from allreduce.ops import Op
+    from allreduce.transport.threads import run_threads
+
+    def body(comm):
+        c = Communicator(comm)
+        x = np.full(100_000, comm.rank + 1.0)                 # 800 KB: pooled
+        first = c.allreduce(x, Op.SUM)
+        second = c.allreduce(x * 10, Op.SUM)
+        assert not np.shares_memory(first, second)
+        assert first[0] == 3.0 and second[0] == 30.0         # the held result is intact
+        where = second.ctypes.data
+        del second
+        third = c.allreduce(x * 100, Op.SUM)
+        assert third[0] == 300.0 and first[-1] == 3.0
+        return third.ctypes.data == where
+    assert all(run_threads(2, body, timeout=30))
