@@ -136,7 +136,7 @@ class Negotiator:
         self.tiny = vec[_PENDING] == 0
         out.shutdown = bool(vec[_SHUTDOWN])
         masks = vec[_FLAGS:].reshape(len(self.names), self.words)
-        full = (masks == self._full).all(axis=1)           # ready on every rank
+        full = (masks == self._full).all(axis=1).tolist()  # ready on every rank
         partial_now: dict[str, frozenset[int]] = {}
         for pos in np.flatnonzero(masks.any(axis=1)).tolist():   # 1. cached names someone is ready for
             name = self.names[pos]
@@ -180,10 +180,11 @@ class Negotiator:
         vec[:_FLAGS] = flags
         if pending is not None:
             word, bit = divmod(self.rank, _BITS)
-            for name, entry in pending.items():
-                pos = self.positions.get(name)
-                if pos is not None and not entry.announced and self.metas[pos] == entry.meta:
-                    vec[_FLAGS + pos * self.words + word] = 1 << bit
+            positions, metas = self.positions, self.metas
+            mine = [pos for pos, entry in ((positions.get(name), entry) for name, entry in pending.items())
+                    if pos is not None and not entry.announced and metas[pos] == entry.meta]
+            if mine:                                         # one numpy store, not one per tensor
+                vec[_FLAGS + word + self.words * np.array(mine, np.int64)] = 1 << bit
         self._allreduce(vec, Op.SUM)
         return vec
 
