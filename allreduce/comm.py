@@ -146,13 +146,8 @@ class Communicator:
                                  algorithm=_ALGO_CODES[algorithm])
         if algorithm == "auto":
             algorithm = self.choose(flat.nbytes)
-        if src is None:
-            run = algorithms.get(algorithm)
-            run(transport or self.transport, flat, op, workspace=self.workspace,
-                segment_bytes=self.config.segment_bytes)
-        else:
-            algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
-                           segment_bytes=self.config.segment_bytes, src=src)
+        algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
+                       segment_bytes=self.config.segment_bytes, src=src)
 
     def choose(self, nbytes: int) -> str:
         """``algorithm="auto"``'s pick for ``nbytes`` here; remembered for this communicator's life

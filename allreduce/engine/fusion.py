@@ -103,7 +103,7 @@ def plan(ready: list[Entry], threshold: int) -> list[Batch]:
 class Fusion:
     """Packs, reduces and unpacks batches for one engine."""
 
-    def __init__(self, rank: int, size: int, allreduce: Callable[[np.ndarray, Op], str],
+    def __init__(self, rank: int, size: int, allreduce: Callable[[np.ndarray, Op, np.ndarray | None], str],
                  workspace: Workspace, timeline=None, transport=None,
                  control: Callable[[np.ndarray, Op], str] | None = None):
         self.rank, self.size = rank, size
@@ -161,7 +161,7 @@ class Fusion:
         # Reduce: one collective for the whole batch.
         if self.transport is not None:
             self.transport.record()
-        algorithm = self._allreduce(buf, op) if src is None else self._allreduce(buf, op, src)
+        algorithm = self._allreduce(buf, op, src)
         t_unpack = time.monotonic()
         phases = self.transport.stop(t_unpack) if self.transport is not None else []
 

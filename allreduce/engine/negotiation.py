@@ -180,9 +180,11 @@ class Negotiator:
         vec[:_FLAGS] = flags
         if pending is not None:
             word, bit = divmod(self.rank, _BITS)
-            positions, metas = self.positions, self.metas
-            mine = [pos for pos, entry in ((positions.get(name), entry) for name, entry in pending.items())
-                    if pos is not None and not entry.announced and metas[pos] == entry.meta]
+            positions, metas, mine = self.positions, self.metas, []
+            for name, entry in pending.items():
+                pos = positions.get(name)
+                if pos is not None and not entry.announced and metas[pos] == entry.meta:
+                    mine.append(pos)
             if mine:                                         # one numpy store, not one per tensor
                 vec[_FLAGS + word + self.words * np.array(mine, np.int64)] = 1 << bit
         self._allreduce(vec, Op.SUM)

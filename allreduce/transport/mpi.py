@@ -17,6 +17,7 @@ terminates the job.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 from mpi4py import MPI
@@ -108,17 +109,11 @@ class MPITransport(Transport):
         # request objects for the timeout message only if the spin runs out.
         comm = self.comm
         if self._isendrecv:
-            raw = comm.Isendrecv([sendbuf, MPI.BYTE], dest, tag, [recvbuf, MPI.BYTE], source, tag)
-            test = raw.Test
-            for _ in range(self.spins):
-                if test():
-                    return
-            self._wait_slow(test, [_Request(raw, self, source if source == dest else dest,
-                                            "exchange with" if source == dest else "send to")])
-            return
-        raws = [comm.Irecv([recvbuf, MPI.BYTE], source, tag), comm.Isend([sendbuf, MPI.BYTE], dest, tag)]
+            raws = [comm.Isendrecv([sendbuf, MPI.BYTE], dest, tag, [recvbuf, MPI.BYTE], source, tag)]
+        else:
+            raws = [comm.Irecv([recvbuf, MPI.BYTE], source, tag), comm.Isend([sendbuf, MPI.BYTE], dest, tag)]
         self._wait_raw(raws, lambda: [_Request(raws[0], self, source, "receive from"),
-                                      _Request(raws[1], self, dest, "send to")])
+                                      _Request(raws[-1], self, dest, "send to")])
 
     def wait_all(self, requests):
         self._wait_raw([r.raw for r in requests], lambda: requests)
@@ -126,11 +121,11 @@ class MPITransport(Transport):
     def _wait_raw(self, raws, described) -> None:
         """Spin on ``Testall``, then the bounded slow wait; ``described()`` names the requests for
         the timeout message (built only then)."""
-        testall = MPI.Request.Testall
+        test = raws[0].Test if len(raws) == 1 else functools.partial(MPI.Request.Testall, raws)
         for _ in range(self.spins):
-            if testall(raws):
+            if test():
                 return
-        self._wait_slow(lambda: testall(raws), described())
+        self._wait_slow(test, described())
 
     def barrier(self) -> None:
         request = _Request(self.comm.Ibarrier(), self, -1, "barrier with")
