@@ -69,6 +69,7 @@ from ..transport.base import Transport, wait_all
 __all__ = ["allreduce", "double_binary_tree", "Tree"]
 
 TAG = 20     # tree t reduces on TAG + 2t and broadcasts on TAG + 2t + 1
+UP, DOWN = TAG + 4, TAG + 5   # the one-segment path's two phases (see _one_segment)
 DEPTH = 2    # receive slots in flight per child: one being reduced, one arriving
 
 
@@ -198,7 +199,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         return
     roles, order, seg_len, nsteps = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
     if nsteps == 1:
-        _one_segment(comm, buf, op, workspace.get("tree.slots", 4 * seg_len, buf.dtype), roles, order)
+        _one_segment(comm, buf, op, workspace.get("tree.slots", 2 * seg_len, buf.dtype),
+                     _small_plan(buf.size, p, rank))
         return
     slots = workspace.get("tree.slots", 2 * 2 * DEPTH * seg_len, buf.dtype).reshape(2, 2, DEPTH, seg_len)
     sends: list = []
@@ -244,46 +246,76 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     wait_all(comm, sends)
 
 
-def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray,
-                 roles: tuple[_Role, _Role], order: tuple[int, ...]) -> None:
-    """The pipeline above when each half is one segment (small buffers): the same messages in the
-    same order, with as few waits as possible. Here the cost is per call into MPI, not per byte."""
+class _Small(NamedTuple):
+    """One rank's part when each half is a single segment: ``inner`` is ``(off, n, children, parent)``
+    for the tree where it has children (None if it has none), ``leaves`` one ``(off, n, parent)`` per
+    tree where it is a leaf. Empty halves are left out."""
+    inner: tuple[int, int, tuple[int, ...], int] | None
+    leaves: tuple[tuple[int, int, int], ...]
+
+
+@lru_cache(maxsize=256)
+def _small_plan(count: int, p: int, rank: int) -> _Small:
+    inner, leaves = None, []
+    for tree, (off, n) in zip(double_binary_tree(p), partition.chunks(count, 2)):
+        if n == 0:
+            continue
+        if tree.children[rank]:
+            inner = (off, n, tree.children[rank], tree.parent[rank])
+        else:
+            leaves.append((off, n, tree.parent[rank]))
+    return _Small(inner, tuple(leaves))
+
+
+def _exchange(comm: Transport, sends: list, recvs: list, tag: int) -> list:
+    """Start ``sends`` and complete ``recvs`` (lists of ``(buf, peer)``); return the sends still in
+    flight. Exactly one of each is one ``sendrecv``: at p = 2 every phase is, and it costs one call
+    into MPI instead of two posts and a wait."""
+    if len(sends) == 1 and len(recvs) == 1:
+        comm.sendrecv(sends[0][0], sends[0][1], recvs[0][0], recvs[0][1], tag)
+        return []
+    posted = [comm.irecv(buf, peer, tag) for buf, peer in recvs]
+    flying = [comm.isend(buf, peer, tag) for buf, peer in sends]
+    wait_all(comm, posted)
+    return flying
+
+
+def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: _Small) -> None:
+    """The pipeline above when each half is one segment (small buffers): the same messages, with
+    as few calls into the transport as possible. Here the cost is per call into MPI, not per byte.
+
+    One tag per phase is enough (UP, DOWN): no ordered pair of ranks is child and parent in both
+    trees, since parents are even ranks in tree 0 and odd ones in tree 1 (the last rank of an odd p
+    hangs under 0 and under p - 2)."""
     p = comm.size
-    halves, slots, recvs = [], [], []
-    for t, role in enumerate(roles):
-        off, n = role.segs[0] if role.segs else (0, 0)
-        halves.append(buf[off:off + n])
-        slots.append([scratch[(2 * t + j) * n:(2 * t + j + 1) * n] for j in range(len(role.children))])
-        recvs.append([comm.irecv(slot, child, role.up) for slot, child in zip(slots[t], role.children)]
-                     if role.segs else [])
-    sends: list = []
+    inner, leaves = plan
+    # Reduce: my leaf halves go up at once, while my children's partial sums of my inner half arrive.
     comm.mark("reduce", 0)
-    for t in order:                                  # a leaf's half goes up at once; then the children's
-        role, dst = roles[t], halves[t]
-        if not role.segs:
-            continue
-        if recvs[t]:
-            comm.wait_all(recvs[t] + sends)          # every child's partial sum (and what went up so far)
-            sends.clear()
-            last = len(role.children) - 1
-            for j in range(last + 1):
-                if role.parent < 0 and j == last:
-                    kernels.reduce_finish_into(dst, slots[t][j], op, p)   # root: final
-                else:
-                    kernels.reduce_into(dst, slots[t][j], op)
-        if role.parent >= 0:
-            sends.append(comm.isend(dst, role.parent, role.up))
-    wait_all(comm, sends)                            # the broadcast below overwrites what went up
-    downs = [comm.irecv(halves[t], role.parent, role.down) if role.segs and role.parent >= 0 else None
-             for t, role in enumerate(roles)]
+    ups = [(buf[off:off + n], parent) for off, n, parent in leaves]
+    if inner is None:
+        flying = _exchange(comm, ups, [], UP)
+    else:
+        off, n, children, parent = inner
+        mine = buf[off:off + n]
+        slots = [scratch[j * n:(j + 1) * n] for j in range(len(children))]
+        flying = _exchange(comm, ups, list(zip(slots, children)), UP)
+        last = len(slots) - 1
+        for j, slot in enumerate(slots):
+            if parent < 0 and j == last:
+                kernels.reduce_finish_into(mine, slot, op, p)    # root: the final value
+            else:
+                kernels.reduce_into(mine, slot, op)
+        if parent >= 0:
+            flying.append(comm.isend(mine, parent, UP))         # my partial sum goes up
+    wait_all(comm, flying)                                       # the broadcast overwrites what went up
+
+    # Broadcast: finished halves come down from the parents; my inner half goes on to my children.
     comm.mark("broadcast", 0)
-    for t in reversed(order):                        # a root's half goes down at once
-        role = roles[t]
-        if not role.segs:
-            continue
-        if downs[t] is not None:
-            comm.wait_all([downs[t]] + sends)       # the finished half from the parent
-            sends.clear()
-        for child in role.children:
-            sends.append(comm.isend(halves[t], child, role.down))
-    wait_all(comm, sends)
+    downs = [(buf[off:off + n], parent) for off, n, parent in leaves]
+    if inner is None:
+        flying = _exchange(comm, [], downs, DOWN)
+    else:
+        if parent >= 0:
+            comm.recv(mine, parent, DOWN)                        # the finished half, before forwarding
+        flying = _exchange(comm, [(mine, child) for child in children], downs, DOWN)
+    wait_all(comm, flying)

@@ -34,6 +34,7 @@ ENGINE_SPINS = 100
 ENGINE_MAX_PAUSE = 1e-4   # and polls at least every 0.1 ms: a late peer costs at most that much extra
 
 
+_BYTE = MPI.BYTE                  # a module global: MPI.BYTE is an attribute lookup on every message
 _ISENDRECV: bool | None = None    # MPI_Isendrecv usable here? Found out by the first transport
 
 
@@ -97,10 +98,10 @@ class MPITransport(Transport):
             pause = min(pause * 2 or 1e-5, self.max_pause)
 
     def isend(self, buf, dest, tag=0):
-        return _Request(self.comm.Isend([buf, MPI.BYTE], dest, tag), self, dest, "send to")
+        return _Request(self.comm.Isend([buf, _BYTE], dest, tag), self, dest, "send to")
 
     def irecv(self, buf, source, tag=0):
-        return _Request(self.comm.Irecv([buf, MPI.BYTE], source, tag), self, source,
+        return _Request(self.comm.Irecv([buf, _BYTE], source, tag), self, source,
                         "receive from")
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
@@ -109,11 +110,16 @@ class MPITransport(Transport):
         # request objects for the timeout message only if the spin runs out.
         comm = self.comm
         if self._isendrecv:
-            raws = [comm.Isendrecv([sendbuf, MPI.BYTE], dest, tag, [recvbuf, MPI.BYTE], source, tag)]
-        else:
-            raws = [comm.Irecv([recvbuf, MPI.BYTE], source, tag), comm.Isend([sendbuf, MPI.BYTE], dest, tag)]
+            raw = comm.Isendrecv([sendbuf, _BYTE], dest, tag, [recvbuf, _BYTE], source, tag)
+            test = raw.Test
+            for _ in range(self.spins):               # spun here, not in _wait_raw: a call and a
+                if test():                            # closure cost ~0.4 us of a ~1.5 us exchange
+                    return
+            self._wait_slow(test, [_Request(raw, self, source, "receive from"), _Request(raw, self, dest, "send to")])
+            return
+        raws = [comm.Irecv([recvbuf, _BYTE], source, tag), comm.Isend([sendbuf, _BYTE], dest, tag)]
         self._wait_raw(raws, lambda: [_Request(raws[0], self, source, "receive from"),
-                                      _Request(raws[-1], self, dest, "send to")])
+                                      _Request(raws[1], self, dest, "send to")])
 
     def wait_all(self, requests):
         self._wait_raw([r.raw for r in requests], lambda: requests)
