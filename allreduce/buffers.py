@@ -10,18 +10,22 @@ boundary that gets them one:
   of an algorithm never allocates after the first call of a given size;
 * :class:`ResultPool` - memory for results handed to callers, recycled once
   the caller has let go of it (as TensorFlow's allocator recycles tensors);
+* :class:`Pieces` - several 1-D arrays of one dtype seen as one buffer back to
+  back, with no copy into a joint array (the engine's large gradients, which
+  ``shm`` reduces in one stream of windows);
 * :func:`is_device_array` - the one place that decides host versus device.
   Device arrays go to :func:`device_allreduce` (:mod:`allreduce.device`:
   staged through pinned host memory, or CUDA IPC), everything else is host.
 """
 from __future__ import annotations
 
+import bisect
 import sys
 import threading
 
 import numpy as np
 
-__all__ = ["Workspace", "ResultPool", "as_flat", "restore", "is_device_array", "device_allreduce"]
+__all__ = ["Workspace", "ResultPool", "Pieces", "parts", "as_flat", "restore", "is_device_array", "device_allreduce"]
 
 
 class Workspace:
@@ -134,6 +138,54 @@ def _calibrate() -> int:
 
 
 _FREE_REFS = _calibrate()
+
+
+class Pieces:
+    """1-D arrays of one dtype, addressed as if they lay back to back in one array.
+
+    ``pieces[a:b]`` is the same kind of object over elements ``a..b-1`` (views, no copy), and
+    ``pieces.parts(a, b)`` lists ``(position, view)`` for each array's share of ``a..b-1``,
+    ``position`` counted from ``a``::
+
+        arrays   [0 1 2] [3 4] [5 6 7 8]        parts(2, 6) -> (0, [2]) (1, [3 4]) (3, [5])
+    """
+
+    __slots__ = ("arrays", "starts", "size", "dtype")
+
+    def __init__(self, arrays: list[np.ndarray]):
+        if not arrays:
+            raise ValueError("Pieces needs at least one array")
+        self.arrays = arrays
+        self.dtype = arrays[0].dtype
+        self.starts = [0]
+        for a in arrays:
+            if a.dtype != self.dtype or a.ndim != 1:
+                raise ValueError(f"Pieces: every array must be 1-D {self.dtype}, got {a.ndim}-D {a.dtype}")
+            self.starts.append(self.starts[-1] + a.size)
+        self.size = self.starts[-1]
+
+    def parts(self, a: int, b: int) -> list[tuple[int, np.ndarray]]:
+        """``(position from a, view)`` for every array's share of elements ``a..b-1``."""
+        out, starts = [], self.starts
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(self.arrays) and starts[i] < b:
+            lo, hi = max(a, starts[i]), min(b, starts[i + 1])
+            if hi > lo:
+                out.append((lo - a, self.arrays[i][lo - starts[i]:hi - starts[i]]))
+            i += 1
+        return out
+
+    def __getitem__(self, index: slice) -> "Pieces":
+        start, stop, _ = index.indices(self.size)
+        views = [v for _, v in self.parts(start, stop)]
+        return Pieces(views or [self.arrays[0][:0]])
+
+
+def parts(window, a: int, b: int) -> list[tuple[int, np.ndarray]]:
+    """``(position from a, view)`` covering elements ``a..b-1`` of ``window``: an array or :class:`Pieces`."""
+    if isinstance(window, np.ndarray):
+        return [(0, window[a:b])]
+    return window.parts(a, b)
 
 
 def as_flat(x: np.ndarray) -> tuple[np.ndarray, bool]:

@@ -1,5 +1,6 @@
-"""ResultPool: result memory is reused once the caller has let go of it, and never while it has not."""
+"""Buffers: ResultPool reuses result memory once the caller has let go of it (never while it has not); Pieces."""
 import numpy as np
+import pytest
 
 from allreduce.buffers import ResultPool
 
@@ -62,3 +63,21 @@ def test_communicator_results_are_recycled_only_when_dropped():
         assert third[0] == 300.0 and first[-1] == 3.0
         return third.ctypes.data == where
     assert all(run_threads(2, body, timeout=30))
+
+
+def test_pieces_parts_and_slices():
+    from allreduce.buffers import Pieces, parts
+    arrays = [np.arange(0, 3), np.arange(3, 5), np.arange(5, 5), np.arange(5, 9)]
+    pieces = Pieces(arrays)
+    assert pieces.size == 9
+    got = [(pos, v.tolist()) for pos, v in pieces.parts(2, 6)]
+    assert got == [(0, [2]), (1, [3, 4]), (3, [5])]
+    assert pieces.parts(9, 9) == []
+    window = pieces[4:8]
+    assert window.size == 4 and np.concatenate(window.arrays).tolist() == [4, 5, 6, 7]
+    window.arrays[0][0] = -1                     # views: writes reach the original arrays
+    assert arrays[1][1] == -1
+    plain = np.arange(10)
+    assert [(p, v.tolist()) for p, v in parts(plain, 3, 5)] == [(0, [3, 4])]
+    with pytest.raises(ValueError, match="1-D"):
+        Pieces([np.ones(2), np.ones((2, 2))])

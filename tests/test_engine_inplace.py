@@ -81,3 +81,37 @@ def test_inplace_empty_and_scalar_arrays(dtype):
         assert all(h.wait(30) is x for h, x in zip(he, empty))
         assert all(h.wait(30) is x and int(x) == 3 for h, x in zip(hs, scalar))
     assert all(x.flags.writeable for x in empty + scalar)
+
+
+@pytest.mark.parametrize("algorithm", ["shm", "ring"])
+def test_large_plain_tensors_share_one_call(algorithm, monkeypatch):
+    """Tensors of DIRECT_BYTES and up are reduced in their own result arrays, in one direct batch:
+    with shm that is one allreduce_many call (its windows run across the arrays); other algorithms
+    take them one by one. Ranks submit in different orders; in place and new arrays mixed."""
+    from allreduce.algorithms import shm
+    calls = []
+    real = shm.allreduce_many
+    monkeypatch.setattr(shm, "allreduce_many", lambda comm, bufs, op, **kw: (calls.append(len(bufs)),
+                                                                            real(comm, bufs, op, **kw)))
+    p, n = 3, DIRECT_BYTES // 4
+    sizes = {"a": n, "b": n + 7, "c": 2 * n + 1, "d": n + 3}
+    xs = {k: [np.arange(m, dtype=np.float32) % 97 * (r + 1) for r in range(p)] for k, m in sizes.items()}
+    want = {k: np.sum([x.astype(np.float64) for x in v], axis=0) / p for k, v in xs.items()}
+    copies = {k: [x.copy() for x in v] for k, v in xs.items()}
+    with engines(p, algorithm=algorithm, cycle_time=50) as engs:
+        handles = {k: [None] * p for k in sizes}
+        for r, e in enumerate(engs):
+            for k in (list(sizes) if r % 2 == 0 else list(sizes)[::-1]):
+                handles[k][r] = e.submit(xs[k][r], name=k, op=Op.AVERAGE, inplace=(k in "ac"))
+        got = {k: [h.wait(30) for h in hs] for k, hs in handles.items()}
+    for k in sizes:
+        for r in range(p):
+            assert (got[k][r] is xs[k][r]) == (k in "ac")
+            np.testing.assert_allclose(got[k][r], want[k], rtol=1e-6)
+            assert got[k][r].tobytes() == got[k][0].tobytes(), f"{k}: rank {r} differs bitwise"
+            if k not in "ac":
+                assert xs[k][r].tobytes() == copies[k][r].tobytes(), f"{k}: the input changed"
+    if algorithm == "shm":
+        assert calls and sum(calls) == p * len(sizes) and max(calls) > 1, calls
+    else:
+        assert not calls

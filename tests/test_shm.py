@@ -166,3 +166,59 @@ def test_communicator_out_of_place_goes_through_src():
         for r in range(3):
             assert got[r].shape == xs[r].shape and np.array_equal(got[r], want)
             assert np.array_equal(xs[r], copies[r])
+
+
+# -- allreduce_many: several arrays streamed as one ------------------------------------------------
+
+def _many(p, sizes, dtype, op, slot_bytes, out_of_place, seed=0):
+    """Every rank reduces ``len(sizes)`` arrays with one allreduce_many; returns (inputs, results)."""
+    rng = np.random.default_rng(seed)
+    inputs = [make_inputs(rng, p, n, dtype, op) for n in sizes]     # inputs[i][rank]
+    results = [None] * p
+
+    def body(comm):
+        xs = [inputs[i][comm.rank].copy() for i in range(len(sizes))]
+        if out_of_place:
+            bufs = [np.full_like(x, 99) for x in xs]
+            shm.allreduce_many(comm, bufs, op, srcs=list(xs), slot_bytes=slot_bytes)
+            for i, x in enumerate(xs):
+                assert x.tobytes() == inputs[i][comm.rank].tobytes(), "the input changed"
+        else:
+            bufs = xs
+            shm.allreduce_many(comm, bufs, op, slot_bytes=slot_bytes)
+        results[comm.rank] = bufs
+    run_threads(p, body, timeout=60)
+    return inputs, results
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+@pytest.mark.parametrize("out_of_place", [False, True], ids=["inplace", "outofplace"])
+def test_many_matches_one_call_on_the_joined_arrays(p, out_of_place):
+    # 40-byte windows: windows straddle array boundaries; empty arrays and a 1-element one between.
+    sizes = [7, 0, 1, 33, 10, 0, 64]
+    for dtype, op in ((np.float32, Op.AVERAGE), (np.int32, Op.SUM), (np.float64, Op.MAX), (np.float16, Op.SUM)):
+        inputs, results = _many(p, sizes, dtype, op, 40, out_of_place, seed=p)
+        joined = [np.concatenate([inputs[i][r] for i in range(len(sizes))]) for r in range(p)]
+        want = run_algorithm(functools.partial(shm.allreduce, slot_bytes=40), joined, op)[0]
+        for r in range(p):
+            got = np.concatenate(results[r])
+            assert got.tobytes() == want.tobytes(), f"rank {r} {np.dtype(dtype)} {op!r}: not bitwise the joined call"
+        assert_allreduce_ok([np.concatenate(results[r]) for r in range(p)], joined, op)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.integers(2, 4), sizes=st.lists(st.integers(0, 300), min_size=1, max_size=6),
+       slot_bytes=st.sampled_from([8, 100, 4096]), out_of_place=st.booleans())
+def test_many_generated(p, sizes, slot_bytes, out_of_place):
+    inputs, results = _many(p, sizes, np.int64, Op.SUM, slot_bytes, out_of_place)
+    for i in range(len(sizes)):
+        want = allreduce_reference([inputs[i][r] for r in range(p)], Op.SUM)
+        for r in range(p):
+            assert results[r][i].tobytes() == want.tobytes(), f"array {i} rank {r}"
+
+
+def test_many_rejects_mixed_dtypes():
+    def body(comm):
+        with pytest.raises(ValueError, match="1-D float32"):
+            shm.allreduce_many(comm, [np.ones(3, np.float32), np.ones(3, np.float64)], Op.SUM)
+    run_threads(2, body, timeout=30)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-__all__ = ["get", "run", "NAMES", "READS_SRC"]
+__all__ = ["get", "run", "run_many", "NAMES", "READS_SRC", "MANY"]
 
 _MODULES = {"ring": "ring", "tree": "tree", "rhd": "rhd", "rd": "rd", "mpi": "native",
             "shm": "shm", "hierarchical": "hierarchical"}
@@ -46,6 +46,22 @@ def run(name: str, comm, buf, op, *, workspace, segment_bytes: int, src=None) ->
     else:
         buf[...] = src
         get(name)(comm, buf, op, workspace=workspace, segment_bytes=segment_bytes)
+
+
+#: Algorithms with an ``allreduce_many(comm, bufs, op, *, srcs)``: several arrays of one dtype in one
+#: call, as if back to back (``shm`` streams its windows across them: one call's syncs, no packing).
+MANY = frozenset({"shm"})
+
+
+def run_many(name: str, comm, bufs: list, op, *, workspace, segment_bytes: int, srcs: list) -> None:
+    """Reduce each of ``bufs`` (from ``srcs[i]`` where it is not None) with algorithm ``name``: in one
+    call where the algorithm has a many-form (:data:`MANY`), else one call per array."""
+    if name in MANY:
+        module = importlib.import_module(f".{_MODULES[name]}", __name__)
+        module.allreduce_many(comm, bufs, op, srcs=srcs)
+        return
+    for buf, src in zip(bufs, srcs):
+        run(name, comm, buf, op, workspace=workspace, segment_bytes=segment_bytes, src=src)
 
 
 def get(name: str) -> Callable:

@@ -54,12 +54,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels, partition
-from ..buffers import Workspace
+from ..buffers import Pieces, Workspace, parts
 from ..ops import Op
 from ..transport import shared
 from ..transport.base import Transport
 
-__all__ = ["allreduce", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
+__all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
            "windows"]
 
 SLOT_BYTES = 4 << 20   #: window per rank: milliseconds of work per sync, even oversubscribed
@@ -78,17 +78,21 @@ def windows(count: int, itemsize: int, slot_bytes: int) -> range:
     return range(0, count, per)
 
 
-def copy_in(seg: shared.SharedSegment, window: np.ndarray, slices, base: int) -> None:
-    """Step 1: my input, except my own slice, into my region at element ``base``."""
+def copy_in(seg: shared.SharedSegment, window, slices, base: int) -> None:
+    """Step 1: my input, except my own slice, into my region at element ``base``.
+
+    ``window`` is an array or a :class:`~allreduce.buffers.Pieces` (several arrays back to back)."""
     off, n = slices[seg.rank]
     region = seg.data(seg.rank, window.dtype, window.size, base)
-    kernels.copy_into(region[:off], window[:off])
-    kernels.copy_into(region[off + n:], window[off + n:])
+    for a, b in ((0, off), (off + n, window.size)):
+        for pos, part in parts(window, a, b):
+            kernels.copy_into(region[a + pos:a + pos + part.size], part)
 
 
-def reduce_slice(seg: shared.SharedSegment, window: np.ndarray, slices, base: int, posted: int,
-                 op: Op, finish_nranks: int, publish: bool = False) -> np.ndarray:
-    """Step 2: reduce my slice of ``window`` in place from every peer's region; return it.
+def reduce_slice(seg: shared.SharedSegment, window, slices, base: int, posted: int,
+                 op: Op, finish_nranks: int, publish: bool = False) -> np.ndarray | None:
+    """Step 2: reduce my slice of ``window`` in place from every peer's region; return it (None
+    when ``window`` is a :class:`~allreduce.buffers.Pieces`: the slice may span several arrays).
 
     ``finish_nranks`` > 0 fuses Average's divide into the last reduction; 0 leaves a plain sum.
     ``publish``: the last reduction also writes the finished slice into my region, in the same
@@ -97,22 +101,25 @@ def reduce_slice(seg: shared.SharedSegment, window: np.ndarray, slices, base: in
     """
     p, me = seg.size, seg.rank
     off, n = slices[me]
-    mine = window[off:off + n]
+    mine = parts(window, off, off + n)
     if not finish_nranks and op == Op.AVERAGE:
         op, finish_nranks = Op.SUM, 1                          # a plain sum: no divide in the last pass
     for i in range(1, p):
         peer = (me + i) % p
         seg.wait(peer, posted)                                 # wait for the peer's copy-in
         theirs = seg.data(peer, window.dtype, n, base + off)
-        if i < p - 1:
-            kernels.reduce_into(mine, theirs, op)
-            continue
-        out = seg.data(me, window.dtype, n, base + off) if publish else None
-        if out is None or not kernels.reduce_finish_into_both(mine, theirs, out, op, finish_nranks):
-            kernels.reduce_finish_into(mine, theirs, op, finish_nranks)
-            if out is not None:
-                kernels.copy_into(out, mine)
-    return mine
+        out = seg.data(me, window.dtype, n, base + off) if publish and i == p - 1 else None
+        for pos, part in mine:
+            other = theirs[pos:pos + part.size]
+            if i < p - 1:
+                kernels.reduce_into(part, other, op)
+                continue
+            dst = None if out is None else out[pos:pos + part.size]
+            if dst is None or not kernels.reduce_finish_into_both(part, other, dst, op, finish_nranks):
+                kernels.reduce_finish_into(part, other, op, finish_nranks)
+                if dst is not None:
+                    kernels.copy_into(dst, part)
+    return window[off:off + n] if isinstance(window, np.ndarray) else None
 
 
 def publish(seg: shared.SharedSegment, window: np.ndarray, slices, base: int) -> int:
@@ -122,14 +129,16 @@ def publish(seg: shared.SharedSegment, window: np.ndarray, slices, base: int) ->
     return seg.post()
 
 
-def copy_out(seg: shared.SharedSegment, window: np.ndarray, slices, base: int, posted: int) -> None:
-    """Step 3: every peer's finished slice from its region into ``window``."""
+def copy_out(seg: shared.SharedSegment, window, slices, base: int, posted: int) -> None:
+    """Step 3: every peer's finished slice from its region into ``window`` (an array or Pieces)."""
     p, me = seg.size, seg.rank
     for i in range(1, p):
         peer = (me + i) % p
         off, n = slices[peer]
         seg.wait(peer, posted)                                 # wait for the peer's finished slice
-        kernels.copy_into(window[off:off + n], seg.data(peer, window.dtype, n, base + off))
+        theirs = seg.data(peer, window.dtype, n, base + off)
+        for pos, part in parts(window, off, off + n):
+            kernels.copy_into(part, theirs[pos:pos + part.size])
 
 
 def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
@@ -150,15 +159,43 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     Raises:
         ValueError: the transport has no shared memory or spans several nodes.
     """
+    _stream(comm, buf, src, op, slot_bytes)
+
+
+def allreduce_many(comm: Transport, bufs: list[np.ndarray], op: Op, *, srcs: list | None = None,
+                   slot_bytes: int = SLOT_BYTES) -> None:
+    """:func:`allreduce` of several arrays of one dtype as if they lay back to back in one.
+
+    The windows run across the arrays' boundaries, so k arrays cost the syncs of one buffer of
+    their total size, not of k calls (the engine's large gradients: 29 separate calls took 1.3x
+    one call on the same bytes, -np 2, by hand), and nothing is copied into a joint buffer.
+
+    Args:
+        comm, op, slot_bytes: as for :func:`allreduce`.
+        bufs: contiguous 1-D arrays of one dtype; each holds its result afterwards.
+        srcs: out of place: ``srcs[i]`` (``bufs[i]``'s size, or None: in place) holds the input.
+    """
+    if srcs is not None and any(s is not None for s in srcs):
+        srcs = [b if s is None else s for b, s in zip(bufs, srcs)]
+        source = Pieces(srcs)
+    else:
+        source = None
+    _stream(comm, Pieces(bufs), source, op, slot_bytes)
+
+
+def _stream(comm: Transport, buf, src, op: Op, slot_bytes: int) -> None:
+    """The three steps, window after window, over ``buf`` (an array or Pieces)."""
     p = comm.size
     if p == 1 or buf.size == 0:
-        if src is not None:
-            kernels.copy_into(buf, src)
-        kernels.finish(buf, op, p)
+        for (_, out), (_, inp) in zip(parts(buf, 0, buf.size), parts(src if src is not None else buf, 0, buf.size)):
+            if out is not inp:
+                kernels.copy_into(out, inp)
+            kernels.finish(out, op, p)
         return
-    starts = windows(buf.size, buf.itemsize, slot_bytes)
+    itemsize = buf.dtype.itemsize
+    starts = windows(buf.size, itemsize, slot_bytes)
     seg = attach(comm, slot_bytes)
-    half = slot_bytes // buf.itemsize
+    half = slot_bytes // itemsize
     try:
         for k, start in enumerate(starts):
             window = buf[start:start + half]
@@ -171,7 +208,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
                 source = src[start:start + half]
                 copy_in(seg, source, slices, base)
                 off, n = slices[comm.rank]
-                kernels.copy_into(window[off:off + n], source[off:off + n])
+                for (_, out), (_, inp) in zip(parts(window, off, off + n), parts(source, off, off + n)):
+                    kernels.copy_into(out, inp)
             posted = seg.post()
             comm.mark("reduce", k)
             reduce_slice(seg, window, slices, base, posted, op, p, publish=True)

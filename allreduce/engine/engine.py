@@ -108,7 +108,8 @@ class Engine:
         self.negotiator = Negotiator(self.rank, self.size, self._control, self.comm.allgather_object,
                                      capacity=config.cache_capacity)
         self.fusion = Fusion(self.rank, self.size, self._allreduce, self.comm.workspace, self.timeline,
-                             self.transport if self.timeline else None, control=self._control)
+                             self.transport if self.timeline else None, control=self._control,
+                             allreduce_many=self._allreduce_many)
         self.stall = StallInspector(self.rank, self.size, check_time=config.stall_check_time,
                                     shutdown_time=config.stall_shutdown_time)
         self.pending: dict[str, Entry] = {}
@@ -340,6 +341,18 @@ class Engine:
             name = self.comm.choose(buf.nbytes)
         algorithms.run(name, self.transport, buf, op, workspace=self.comm.workspace,
                        segment_bytes=self.config.segment_bytes, src=src)
+        return name
+
+    def _allreduce_many(self, bufs: list, op: Op, srcs: list) -> str:
+        """:meth:`_allreduce` of several arrays of one dtype: one call where the algorithm chosen
+        for their total size can take them all (shm), else one call each, chosen per size."""
+        name = self.config.algorithm
+        if name == "auto":
+            name = self.comm.choose(sum(b.nbytes for b in bufs))
+        if name not in algorithms.MANY:
+            return "+".join(sorted({self._allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
+        algorithms.run_many(name, self.transport, bufs, op, workspace=self.comm.workspace,
+                            segment_bytes=self.config.segment_bytes, srcs=srcs)
         return name
 
     def _finish(self, entry: Entry, result) -> None:
