@@ -215,9 +215,14 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
                       compression=Compression.none) -> list[np.ndarray]:
     """Reduce a list of arrays; return the list of results (the tensors are fused when they fit).
 
+    The arrays of each dtype are one engine tensor (Horovod's groups): packed back to back once,
+    negotiated under one name with one bit, reduced in one allreduce, and returned as views of
+    its result. 1000 tensors cost about one allreduce of their bytes, not 1000 submits.
+
     Args:
-        xs: a list of numpy arrays.
-        name: a prefix; tensor i is named ``f"{name}.{i}"``. ``None`` names them by call order.
+        xs: a list of numpy arrays (any shapes; every rank passes the same shapes in the same order).
+        name: the group's name (a group of several dtypes: ``f"{name}.{dtype}"`` per dtype).
+            ``None`` names it by call order.
         op: the op for every tensor.
         compression: the compressor for every tensor.
 
@@ -225,9 +230,20 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
         The reduced arrays, in the order of ``xs``.
     """
     eng = _running_engine()
-    handles = [eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression)
-               for i, x in enumerate(xs)]
-    return [h.wait() for h in handles]
+    arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
+    groups: dict[np.dtype, list[int]] = {}
+    for i, x in enumerate(arrays):
+        groups.setdefault(x.dtype, []).append(i)
+    handles = []
+    for dtype, members in groups.items():
+        label = name if name is None or len(groups) == 1 else f"{name}.{dtype}"
+        handles.append((members, eng.submit_group([arrays[i] for i in members], name=label, op=op,
+                                                  compression=compression)))
+    out: list = [None] * len(arrays)
+    for members, handle in handles:
+        for i, result in zip(members, handle.wait()):
+            out[i] = result
+    return out
 
 
 def broadcast(x, root_rank: int = 0) -> np.ndarray:

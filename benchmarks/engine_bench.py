@@ -9,7 +9,7 @@ mode           compares
 =============  ==================================================================
 fusion         1000 tensors of 4 KiB: ``allreduce_async`` on all, then wait (the
                engine fuses them into few allreduces) vs 1000 blocking
-               ``allreduce_`` calls (and ``grouped_allreduce`` when present);
+               ``allreduce_`` calls; and ``grouped_allreduce`` (one engine tensor);
                and the same in C: 1000 ``MPI_Allreduce`` calls vs one on the
                joined bytes, the most any fusion can gain on this machine
 compression    one bandwidth-bound float32 tensor: Compression.none / fp16 /
@@ -196,7 +196,8 @@ def ratios(records: list[dict]) -> list[str]:
     """One '#' line per mode: how the engine compares with its baseline."""
     t = {(r["mode"], r["algorithm"]): r["time_us"] for r in records}
     out = []
-    for mode, fast, base in (("fusion", "engine", "unfused-blocking"), ("fusion", "native-fused", "native-unfused"),
+    for mode, fast, base in (("fusion", "engine", "unfused-blocking"), ("fusion", "grouped", "unfused-blocking"),
+                             ("fusion", "native-fused", "native-unfused"),
                              ("resnet50", "engine-161", "raw-allreduce"),
                              ("resnet50", "engine-161-inplace", "raw-allreduce"),
                              ("latency", "engine-roundtrip", "blocking")):

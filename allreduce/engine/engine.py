@@ -61,7 +61,7 @@ from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
 from ..transport.base import Transport
 from .compression import check_compressor
 from .fusion import Fusion, plan
-from .handle import Entry, Handle
+from .handle import Entry, GroupHandle, Handle
 from .negotiation import Negotiator
 from .stall import StallInspector, stall_error
 from .timeline import Timeline, TimelineTransport, timeline_path
@@ -152,12 +152,48 @@ class Engine:
         op = as_op(op)
         check_dtype(x.dtype, op)
         compressor = check_compressor(compression)
+        self._check_name(name)
+        handle = Handle(name, self._hurry)
+        self._enqueue(Entry(name, x, op, compressor, handle, inplace))   # copies a non-contiguous x first
+        return handle
+
+    def submit_group(self, xs, *, name: str | None = None, op=Op.AVERAGE, compression=None) -> GroupHandle:
+        """Queue a list of arrays of one dtype as one tensor; return a :class:`GroupHandle`.
+
+        The arrays are packed back to back here, once (one copy, in the caller's thread), and
+        from then on they are one engine tensor: one name, one negotiation bit, one result that
+        ``wait()`` hands back as one view per array. Every rank must group the same shapes in
+        the same order; a difference fails the group on every rank, naming the shapes.
+        """
+        arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
+        if not arrays:
+            raise InvalidArgumentError(f"rank {self.rank}: a group needs at least one array")
+        op = as_op(op)
+        dtype = check_dtype(arrays[0].dtype, op)
+        for i, a in enumerate(arrays):
+            if a.dtype != dtype:
+                raise InvalidArgumentError(f"rank {self.rank}: a group has one dtype, but array {i} is "
+                                           f"{a.dtype} and array 0 {dtype}; group each dtype apart")
+        compressor = check_compressor(compression)
+        self._check_name(name)
+        joint = np.concatenate(arrays, axis=None)                # flattens and packs in one pass
+        shapes = [tuple(a.shape) for a in arrays]
+        handle = Handle(name, self._hurry)
+        entry = Entry(name, joint, op, compressor, handle, inplace=True)  # our own copy: reduced in it
+        entry.meta = (tuple(shapes),) + entry.meta[1:]
+        self._enqueue(entry)
+        return GroupHandle(handle, shapes, [a.size for a in arrays])
+
+    @staticmethod
+    def _check_name(name) -> None:
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidArgumentError(f"name must be a non-empty string, got {name!r}")
-        handle = Handle(name, self._hurry)
-        entry = Entry(name, x, op, compressor, handle, inplace)   # copies a non-contiguous x, outside the lock
+
+    def _enqueue(self, entry: Entry) -> None:
+        handle, name = entry.handle, entry.name
         with self._lock:
             if self._stopped is not None or self._stopping:
+                entry.release()                                  # refused: the caller's array is its own again
                 raise ShutdownError(f"rank {self.rank}: the allreduce engine is shut down"
                                     + (f" ({self._stopped})" if self._stopped else "")
                                     + "; call ar.init() again to restart it")
@@ -165,6 +201,7 @@ class Engine:
                 entry.name = handle.name = name = f"allreduce.noname.{self._unnamed}"
                 self._unnamed += 1
             if name in self._inflight:
+                entry.release()
                 raise InvalidArgumentError(f"rank {self.rank}: a tensor named {name!r} is already in flight; "
                                            "wait for its handle before submitting the name again")
             self._inflight.add(name)
@@ -172,7 +209,6 @@ class Engine:
         self._last_submit = time.monotonic()
         if not self._wake.is_set():          # Event.set takes a lock and notifies: only when it is needed
             self._wake.set()                 # the engine starts a cycle once this burst of submits ends
-        return handle
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the engine on every rank (at the same cycle) and join its thread.

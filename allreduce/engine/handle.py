@@ -20,7 +20,7 @@ import numpy as np
 
 from ..ops import Op
 
-__all__ = ["Handle", "Entry", "Meta"]
+__all__ = ["Handle", "GroupHandle", "Entry", "Meta"]
 
 #: What every rank must agree on for one name: (shape, dtype name, op, compressor name).
 Meta = tuple
@@ -109,6 +109,31 @@ class Handle:
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "done" if self.done() else "pending"
         return f"<Handle {self.name!r} {state}>"
+
+
+class GroupHandle:
+    """The future results of a grouped allreduce: one engine tensor (the group's arrays packed
+    back to back), so one negotiation bit and one result; ``wait()`` returns one view per array."""
+
+    __slots__ = ("name", "_handle", "_shapes", "_bounds")
+
+    def __init__(self, handle: Handle, shapes: list[tuple[int, ...]], sizes: list[int]):
+        self.name, self._handle, self._shapes = handle.name, handle, shapes
+        self._bounds = [0]                     # from the arrays' sizes: np.prod of a shape costs ~5 us
+        for n in sizes:
+            self._bounds.append(self._bounds[-1] + n)
+
+    def done(self) -> bool:
+        return self._handle.done()
+
+    def wait(self, timeout: float | None = None) -> list[np.ndarray]:
+        """Block until done; return the reduced arrays, in submission order (views of one result)."""
+        joint = self._handle.wait(timeout)
+        b = self._bounds
+        return [joint[b[i]:b[i + 1]].reshape(shape) for i, shape in enumerate(self._shapes)]
+
+    def __repr__(self) -> str:
+        return f"<GroupHandle {self.name!r} of {len(self._shapes)} arrays, {self._handle!r}>"
 
 
 class Entry:

@@ -70,6 +70,9 @@ class Outcome:
 def describe_meta(field: int, value) -> str:
     if field == 2:
         return repr(Op(value))
+    if field == 0 and value and isinstance(value[0], tuple):      # a group: one shape per array
+        shown = ", ".join(map(str, value[:4])) + (", ..." if len(value) > 4 else "")
+        return f"group of {len(value)} arrays [{shown}]"
     return str(value)
 
 
