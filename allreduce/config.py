@@ -56,7 +56,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-__all__ = ["Config", "ALGORITHM_NAMES"]
+__all__ = ["Config", "ALGORITHM_NAMES", "ENV_VARIABLES"]
 
 #: Names accepted by ``algorithm=``; ``auto`` chooses among the others.
 ALGORITHM_NAMES = ("auto", "ring", "tree", "rhd", "rd", "mpi", "shm", "hierarchical")
@@ -153,3 +153,7 @@ class Config:
             return kind(text)
         except ValueError as exc:
             raise ValueError(f"{var}={text!r} is not a valid {name}: {exc}") from None
+
+
+#: Every environment variable :meth:`Config.from_env` reads (benchmarks print the ones that are set).
+ENV_VARIABLES = tuple(Config._ENV.values())

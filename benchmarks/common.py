@@ -262,8 +262,17 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     """The command that is running, as a user would retype it (with the launcher if known)."""
     argv = sys.argv if argv is None else argv
     size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
-    launcher = f"mpirun -np {size} " if size else ""
-    return launcher + "python " + " ".join(shlex.quote(a) for a in argv)
+    # Settings that change what is measured: our own (allreduce.config's variables) and the MPI transport chosen
+    # with mpirun --mca (which Open MPI hands to the ranks as OMPI_MCA_<name>).
+    from allreduce.config import ENV_VARIABLES
+    env = "".join(f"{k}={shlex.quote(os.environ[k])} " for k in ENV_VARIABLES if k in os.environ)
+    mca = "".join(f"--mca {name} {shlex.quote(os.environ['OMPI_MCA_' + name])} " for name in _SHOWN_MCA
+                  if "OMPI_MCA_" + name in os.environ)
+    launcher = f"mpirun {mca}-np {size} " if size else ""
+    return env + launcher + "python " + " ".join(shlex.quote(a) for a in argv)
+
+
+_SHOWN_MCA = ("btl", "pml", "coll", "osc")
 
 
 def write_json(path: str, payload: dict[str, Any], records: Iterable[dict[str, Any]]) -> None:

@@ -10,7 +10,8 @@
 
 Sections: the sweeps np2, latency, np4, np2cold (as np2 from 1 MiB, but each
 call on a buffer not in the cache, as a large model's gradients are), engine
-(benchmarks/*_bench.py) and
+(benchmarks/*_bench.py), engine_tcp (fusion and compression with every rank its
+own node, over Open MPI's TCP transport: a network's wire on one machine) and
 training: examples/synthetic_benchmark.py, images/sec of tfops against
 tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
 thread per rank, and scaling efficiency against -np 1.
@@ -53,7 +54,13 @@ SWEEPS = {  # name: (ranks, script, arguments)
     "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 3 --budget 0.6 -c --cold 256 "
                                          "--algorithms ring,rhd,shm,auto,mpi"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2"),
+    "engine_tcp": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2 --modes fusion,compression"),
 }
+
+# Sections whose ranks talk as if on different nodes: every rank its own node (no shared memory,
+# so no shm), and Open MPI's TCP transport instead of its shared-memory one. The wire is then a
+# network stack with a network's latency and bandwidth, which is what fusion and compression are for.
+WIRES = {"engine_tcp": (["--mca", "btl", "tcp,self"], {"ALLREDUCE_FAKE_NODE_SIZE": "1"})}
 QUICK = {  # --quick: the same pipeline in well under a minute, to check the plumbing (no 64 MiB row)
     "np2": (2, "allreduce_bench.py", "-b 8 -e 256K -f 32 -n 3 -w 1 --membw-mib 16 -c"),
     "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 8 -n 20 -w 2 --membw-mib 16 --algorithms rd,tree,mpi"),
@@ -61,6 +68,7 @@ QUICK = {  # --quick: the same pipeline in well under a minute, to check the plu
     "np2cold": (2, "allreduce_bench.py", "-b 64K -e 256K -f 4 -n 2 -w 1 --membw-mib 16 -c --cold 4 "
                                          "--algorithms ring,shm,mpi"),
     "engine": (2, "engine_bench.py", "-n 1 -w 1 --tensors 50 --compress-sizes 256K --modes fusion,compression"),
+    "engine_tcp": (2, "engine_bench.py", "-n 1 -w 1 --tensors 50 --compress-sizes 256K --modes fusion,compression"),
 }
 
 
@@ -95,9 +103,10 @@ def run_sweep(name: str, timeout: float, *, quick: bool = False) -> tuple[str, d
         return run_training(timeout)
     ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
     out, shown = RESULTS / f"{name}.json", _shown(name, quick)
-    env = _env()
-    cmd = _mpirun(ranks) + [sys.executable, f"benchmarks/{script}", *arguments.split(),
-                            "--json", _rel(out)]
+    mca, extra_env = WIRES.get(name, ([], {}))
+    env = dict(_env(), **extra_env)
+    cmd = _mpirun(ranks) + mca + [sys.executable, f"benchmarks/{script}", *arguments.split(),
+                                  "--json", _rel(out)]
     print(f"[report] {shown}", file=sys.stderr, flush=True)
     start = time.time()
     # stderr (the benchmark's progress) goes straight to ours; stdout is the table.
@@ -149,8 +158,11 @@ def _shown(name: str, quick: bool = False) -> str:
         return f"python {TRAINING[0]} {TRAINING[1]} --json {_rel(RESULTS / 'training.json')}"
     ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
     oversubscribe = "--oversubscribe " if ranks > (os.cpu_count() or 1) else ""
-    return (f"mpirun {oversubscribe}--bind-to {_binding(ranks)} -np {ranks} python benchmarks/{script} {arguments} "
-            f"--json {_rel(RESULTS / (name + '.json'))}")
+    mca, extra_env = WIRES.get(name, ([], {}))
+    prefix = "".join(f"{k}={v} " for k, v in extra_env.items())
+    wire = " ".join(mca) + " " if mca else ""
+    return (f"{prefix}mpirun {oversubscribe}{wire}--bind-to {_binding(ranks)} -np {ranks} python benchmarks/{script} "
+            f"{arguments} --json {_rel(RESULTS / (name + '.json'))}")
 
 
 def _rel(path: Path) -> str:
@@ -183,6 +195,7 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
               "np4": "Allreduce sweep, 4 ranks oversubscribed on the cores (float32, sum, -c checked)",
               "np2cold": "Allreduce sweep, 2 ranks, cold buffers (every call's data comes from memory)",
               "engine": "Engine: fusion, compression, ResNet-50 step, round-trip latency",
+              "engine_tcp": "Engine over TCP, every rank its own node: fusion and compression where the wire is a network stack",
               "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2"}
     for name, (text, data, shown) in runs.items():
         lines += [f"## {titles[name]}", "", "```", shown, "```", ""]
@@ -271,7 +284,8 @@ def main(argv=None) -> int:
         print(f"[report] --quick: results go to {RESULTS}", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time()
-    skip = {"np4": args.no_np4, "engine": args.no_engine, "training": args.no_training or args.quick}
+    skip = {"np4": args.no_np4, "engine": args.no_engine, "engine_tcp": args.no_engine,
+            "training": args.no_training or args.quick}
     notes = ["Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes); "
              "run `python benchmarks/report.py --only training` for it."] if args.quick else []
     names = [n for n in SECTIONS if not skip.get(n) or n in only]
@@ -291,7 +305,7 @@ def main(argv=None) -> int:
     plots = {}
     for name, (_, data, _) in runs.items():
         png = RESULTS / f"{name}.png"
-        if data and name not in ("engine", "training"):
+        if data and name not in ("engine", "engine_tcp", "training"):
             if name in fresh or not png.is_file():      # a saved sweep keeps its saved plot
                 plot.plot_run(data, png)
             plots[name] = _rel(png)
