@@ -53,15 +53,12 @@ def run(name: str, comm, buf, op, *, workspace, segment_bytes: int, src=None) ->
 MANY = frozenset({"shm"})
 
 
-def run_many(name: str, comm, bufs: list, op, *, workspace, segment_bytes: int, srcs: list) -> None:
-    """Reduce each of ``bufs`` (from ``srcs[i]`` where it is not None) with algorithm ``name``: in one
-    call where the algorithm has a many-form (:data:`MANY`), else one call per array."""
-    if name in MANY:
-        module = importlib.import_module(f".{_MODULES[name]}", __name__)
-        module.allreduce_many(comm, bufs, op, srcs=srcs)
-        return
-    for buf, src in zip(bufs, srcs):
-        run(name, comm, buf, op, workspace=workspace, segment_bytes=segment_bytes, src=src)
+def run_many(name: str, comm, bufs: list, op, *, srcs: list) -> None:
+    """Reduce every one of ``bufs`` (from ``srcs[i]`` where it is not None) in one call of algorithm
+    ``name``'s many-form; only the algorithms in :data:`MANY` have one."""
+    if name not in MANY:
+        raise ValueError(f"algorithm {name!r} reduces one buffer per call; these take several: {', '.join(sorted(MANY))}")
+    importlib.import_module(f".{_MODULES[name]}", __name__).allreduce_many(comm, bufs, op, srcs=srcs)
 
 
 def get(name: str) -> Callable:

@@ -177,6 +177,9 @@ def allreduce_many(comm: Transport, bufs: list[np.ndarray], op: Op, *, srcs: lis
     """
     if srcs is not None and any(s is not None for s in srcs):
         srcs = [b if s is None else s for b, s in zip(bufs, srcs)]
+        for i, (b, s) in enumerate(zip(bufs, srcs)):
+            if s.size != b.size:
+                raise ValueError(f"allreduce_many: srcs[{i}] has {s.size} elements, bufs[{i}] {b.size}")
         source = Pieces(srcs)
     else:
         source = None
@@ -187,7 +190,8 @@ def _stream(comm: Transport, buf, src, op: Op, slot_bytes: int) -> None:
     """The three steps, window after window, over ``buf`` (an array or Pieces)."""
     p = comm.size
     if p == 1 or buf.size == 0:
-        for (_, out), (_, inp) in zip(parts(buf, 0, buf.size), parts(src if src is not None else buf, 0, buf.size)):
+        source = buf if src is None else src
+        for (_, out), (_, inp) in zip(parts(buf, 0, buf.size), parts(source, 0, buf.size)):
             if out is not inp:
                 kernels.copy_into(out, inp)
             kernels.finish(out, op, p)

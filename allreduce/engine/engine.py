@@ -387,8 +387,7 @@ class Engine:
             name = self.comm.choose(sum(b.nbytes for b in bufs))
         if name not in algorithms.MANY:
             return "+".join(sorted({self._allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
-        algorithms.run_many(name, self.transport, bufs, op, workspace=self.comm.workspace,
-                            segment_bytes=self.config.segment_bytes, srcs=srcs)
+        algorithms.run_many(name, self.transport, bufs, op, srcs=srcs)
         return name
 
     def _finish(self, entry: Entry, result) -> None:

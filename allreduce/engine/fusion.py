@@ -104,11 +104,11 @@ class Fusion:
 
     def __init__(self, rank: int, size: int, allreduce: Callable[[np.ndarray, Op, np.ndarray | None], str],
                  workspace: Workspace, timeline=None, transport=None,
-                 control: Callable[[np.ndarray, Op], str] | None = None,
-                 allreduce_many: Callable[[list, Op, list], str] | None = None):
+                 control: Callable[[np.ndarray, Op], str] | None = None, *,
+                 allreduce_many: Callable[[list, Op, list], str]):
         self.rank, self.size = rank, size
         self._allreduce = allreduce
-        self._allreduce_many = allreduce_many or self._one_by_one
+        self._allreduce_many = allreduce_many     # a direct batch: several arrays, one call where it can
         self._control = control or allreduce      # small flag vectors: bounded waits
         self.workspace = workspace
         self.timeline, self.transport = timeline, transport
@@ -212,10 +212,6 @@ class Fusion:
         if self.timeline is not None:
             self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)
         return results
-
-    def _one_by_one(self, bufs: list, op: Op, srcs: list) -> str:
-        names = {self._allreduce(b, op, s) for b, s in zip(bufs, srcs)}
-        return "+".join(sorted(names))
 
     # -- pieces ------------------------------------------------------------------------------
     def _pack(self, e: Entry, dst: np.ndarray, scale: float, fused_half: bool) -> tuple[int, int]:
