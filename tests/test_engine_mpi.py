@@ -36,3 +36,10 @@ def test_fusion_sweep_script_runs_and_checks_its_results():
     out = mpirun(2, "engine_fusion_sweep.py", "--steps", "1", "--scale", "0.02", "0", "65536", timeout=300).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith("  ")]
     assert [row[0] for row in rows] == ["0", "65536"] and all(len(row) == 4 for row in rows)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("p", [2, 3])
+def test_large_tensors_share_one_shm_call_under_mpi(p):
+    out = mpirun(p, "engine_direct.py", "6", timeout=300).stdout
+    assert f"OK engine_direct: 30 large allreduces on {p} ranks" in out
