@@ -81,3 +81,14 @@ def test_pieces_parts_and_slices():
     assert [(p, v.tolist()) for p, v in parts(plain, 3, 5)] == [(0, [3, 4])]
     with pytest.raises(ValueError, match="1-D"):
         Pieces([np.ones(2), np.ones((2, 2))])
+
+
+def test_many_results_of_one_size_in_use_at_once_are_all_recycled():
+    # A model has many gradients of one shape, all held within a step; every one of them must be
+    # reused next step (with keep=4, the pool forgot all but the last few every step).
+    pool = ResultPool(min_bytes=64)
+    first = [pool.empty(1000, np.float32) for _ in range(11)]
+    addresses = {a.ctypes.data for a in first}
+    del first
+    again = [pool.empty(1000, np.float32) for _ in range(11)]
+    assert {a.ctypes.data for a in again} == addresses and pool.allocated == 11 and pool.reused == 11
