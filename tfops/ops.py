@@ -62,8 +62,6 @@ def grouped(arrays: list, names: list[str], op, compression) -> list:
     the first: one submit, one negotiation bit and one allreduce per step instead of one per
     gradient. A rank with other shapes (a different variable set) fails with ``MismatchError``
     on every rank."""
-    if len(arrays) == 1:
-        return [wait(submit(arrays[0], names[0], op, compression))]
     return ar.grouped_allreduce(arrays, name=f"{names[0]}+group", op=op, compression=compression)
 
 

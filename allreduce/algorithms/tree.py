@@ -309,13 +309,13 @@ def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, 
             flying.append(comm.isend(mine, parent, UP))         # my partial sum goes up
     wait_all(comm, flying)                                       # the broadcast overwrites what went up
 
-    # Broadcast: finished halves come down from the parents; my inner half goes on to my children.
+    # Broadcast: finished halves come down from the parents (into the leaf halves that went up);
+    # my inner half goes on to my children.
     comm.mark("broadcast", 0)
-    downs = [(buf[off:off + n], parent) for off, n, parent in leaves]
     if inner is None:
-        flying = _exchange(comm, [], downs, DOWN)
+        flying = _exchange(comm, [], ups, DOWN)
     else:
         if parent >= 0:
             comm.recv(mine, parent, DOWN)                        # the finished half, before forwarding
-        flying = _exchange(comm, [(mine, child) for child in children], downs, DOWN)
+        flying = _exchange(comm, [(mine, child) for child in children], ups, DOWN)
     wait_all(comm, flying)

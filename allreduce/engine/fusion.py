@@ -117,30 +117,20 @@ class Fusion:
 
     def run(self, batch: Batch) -> list[tuple[Entry, object]]:
         """Reduce one batch; return ``(entry, result array or exception)`` for each tensor."""
-        if batch.direct and len(batch.entries) > 1:
-            return self._run_direct(batch)
         entries, comp = batch.entries, batch.compressor
         fused_half = isinstance(comp, HalfCompressor) and batch.wire != entries[0].flat.dtype
         custom = entries[0].payload is not None
-        single = len(entries) == 1 and not fused_half and not custom
+        if batch.direct or (len(entries) == 1 and not fused_half and not custom):
+            return self._run_direct(batch)           # plain tensors, each in its own result array
         op = Op.SUM if fused_half and batch.op == Op.AVERAGE else batch.op
         scale = 1.0 / self.size if fused_half and batch.op == Op.AVERAGE else 1.0
         counts = [_wire(e)[1] for e in entries]
         offsets = np.cumsum([0] + counts).tolist()
         t_pack = time.monotonic()
 
-        # Pack: a lone plain tensor is reduced in its result array (no fusion buffer needed):
-        # the caller's own array for an in-place allreduce, else a copy.
-        plain = not single and not fused_half and not custom
-        src = None
-        if single:
-            if entries[0].inplace:
-                buf = entries[0].flat
-            else:                                 # the algorithm reads the input, writes the result
-                buf = self.results.empty(entries[0].flat.size, entries[0].flat.dtype)
-                src = entries[0].flat
-            bad = [(0, 0)]
-        elif plain:
+        # Pack (a lone plain tensor went to _run_direct: it needs no fusion buffer).
+        plain = not fused_half and not custom
+        if plain:
             # One C call packs them all: a copy per tensor costs more in Python (and in handing
             # the GIL back and forth with submitting threads) than the bytes it moves. The packed
             # array is reduced in place and the results are views of it, so nothing is copied
@@ -164,7 +154,7 @@ class Fusion:
         # Reduce: one collective for the whole batch.
         if self.transport is not None:
             self.transport.record()
-        algorithm = self._allreduce(buf, op, src)
+        algorithm = self._allreduce(buf, op)
         t_unpack = time.monotonic()
         phases = self.transport.stop(t_unpack) if self.transport is not None else []
 
@@ -181,9 +171,6 @@ class Fusion:
                 results.append((e, failed[e.name]))
                 continue
             part = buf[offsets[i]:offsets[i + 1]]
-            if single:
-                results.append((e, e.output(part) if e.inplace else part.reshape(e.array.shape)))
-                continue
             result, nonfinite_out = self._unpack(e, part, fused_half)
             if nonfinite_out and e.name not in nonfinite_in:   # finite inputs, inf/NaN sum
                 result = self._wire_overflow(e, batch)         # (an in-place array keeps its input)
@@ -195,8 +182,9 @@ class Fusion:
         return results
 
     def _run_direct(self, batch: Batch) -> list[tuple[Entry, object]]:
-        """Large plain tensors: each reduced in its result array (the caller's own for in place,
-        else a new one the algorithm writes while reading the input), all in one call."""
+        """Plain tensors (a direct batch, or a lone one): each reduced in its result array (the
+        caller's own for in place, else a new one the algorithm writes while reading the input),
+        all in one call where the algorithm takes several."""
         t_pack = time.monotonic()
         bufs, srcs = [], []
         for e in batch.entries:
