@@ -149,3 +149,21 @@ def test_fast_float32_encode_and_decode_match_the_exact_path(name, scale):
     assert c.decode_into(got, fast, 1.0) == _decode_checked(ref, fast, 1.0, f.table)
     assert np.array_equal(np.isnan(got), np.isnan(ref))
     assert np.array_equal(got[~np.isnan(got)], ref[~np.isnan(ref)])
+
+
+def test_in_place_sum_that_overflows_on_the_wire_leaves_the_input_and_a_fine_one_is_decoded_in_place():
+    # In place, a result is decoded straight into the caller's array, but only after the 16-bit
+    # payload was checked: an overflowed sum must fail and leave the input as it was.
+    with engines(2) as engs:
+        big = [np.full(4, 40000.0, np.float32) for _ in engs]
+        fine = [np.arange(6, dtype=np.float32) * (r + 1) for r in range(2)]
+        keep = [b.ctypes.data for b in fine]
+        hb = [e.submit(b, name="big", op=Op.SUM, compression=Compression.fp16, inplace=True) for e, b in zip(engs, big)]
+        hf = [e.submit(f, name="fine", op=Op.SUM, compression=Compression.fp16, inplace=True) for e, f in zip(engs, fine)]
+        for h in hb:
+            with pytest.raises(CompressionError, match="overflowed float16 on the wire"):
+                h.wait(20)
+        results = [h.wait(20) for h in hf]
+    assert all(b.tolist() == [40000.0] * 4 for b in big)
+    for r, f, res in zip(range(2), fine, results):
+        assert res is f and f.ctypes.data == keep[r] and f.tolist() == (np.arange(6) * 3.0).tolist()

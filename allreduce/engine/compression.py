@@ -153,6 +153,15 @@ def _decode_f32_fast(dst, src_bits, f16):
     return nonfinite
 
 
+@njit(nogil=True, cache=True)
+def _count_nonfinite_bits(bits, exponent_mask):
+    """How many 16-bit patterns have an all-ones exponent (inf or NaN); branch-free, so it vectorises."""
+    n = 0
+    for i in range(bits.size):
+        n += np.int64(bits[i] & exponent_mask == exponent_mask)
+    return n
+
+
 def _power_of_two(x: float) -> bool:
     m, _ = math.frexp(x)
     return x > 0 and m == 0.5
@@ -215,6 +224,11 @@ class HalfCompressor(Compressor):
             bad, nonfinite = _encode_feedback(dst_bits, src, residual, scale, f.table, f.mant_bits, f.bias,
                                               f.overflow, f.nan_bits)
         return int(bad), int(nonfinite)
+
+    def count_nonfinite(self, bits: np.ndarray) -> int:
+        """How many of the 16-bit values in ``bits`` (uint16) are inf or NaN: a read of the payload
+        only, so a result can be checked before it overwrites anything."""
+        return int(_count_nonfinite_bits(bits, np.uint16(0x7C00 if self.fmt.bias == 15 else 0x7F80)))
 
     def decode_into(self, dst: np.ndarray, src_bits: np.ndarray, scale: float) -> int:
         """``dst = float(src_bits) * scale`` in one pass; return how many results are inf/NaN."""

@@ -221,8 +221,13 @@ class Fusion:
     def _unpack(self, e: Entry, part: np.ndarray, fused_half: bool) -> tuple[np.ndarray, int]:
         """``(result, inf/NaN count)``; the count is only checked for fused fp16/bf16."""
         if fused_half:
-            out = np.empty(e.array.shape, e.flat.dtype)
-            return out, e.compressor.decode_into(out.reshape(-1), part, 1.0)
+            if e.inplace and e.shares and not e.compressor.count_nonfinite(part.view(np.uint16)):
+                # Straight into the caller's memory: no temporary, no copy back. Only after the
+                # check, so a sum that overflowed on the wire leaves the caller's input as it was.
+                e.compressor.decode_into(e.flat, part, 1.0)
+                return e.array, 0
+            out = self.results.empty(e.flat.size, e.flat.dtype)   # reused pages: fresh ones cost a fault each
+            return out.reshape(e.array.shape), e.compressor.decode_into(out, part, 1.0)
         # Otherwise a custom compressor's payload (plain batches are unpacked in run()).
         return e.compressor.decompress(part.reshape(e.payload.shape).copy(), e.ctx), 0
 
