@@ -74,12 +74,19 @@ one algorithm call (a direct batch, up to the threshold) where the algorithm can
 arrays at once (``shm``): ResNet-50's 29 large gradients took 1.3x one call on the same bytes
 as 29 calls, -np 2, by hand."""
 
+MANY_DIRECT_BYTES = 64 << 10
+"""The same limit when the engine's direct batches go through one many-array call (``shm`` on one
+node, :attr:`Engine.many`): the call's windows run across array boundaries, so a tensor costs a
+few microseconds of bookkeeping there instead of two copies. Measured by hand at -np 2 (median of
+10): 100 x 64 KiB took 3.2 ms as one many-call against 4.0 ms packed into a buffer, reduced and
+unpacked; 1000 x 4 KiB took 7.6 ms against 4.7 ms, so smaller tensors are still fused."""
 
-def plan(ready: list[Entry], threshold: int) -> list[Batch]:
+
+def plan(ready: list[Entry], threshold: int, direct_bytes: int = DIRECT_BYTES) -> list[Batch]:
     """Group ``ready`` (in agreed order) into batches of at most ``threshold`` wire bytes.
 
     A tensor larger than the threshold gets a batch of its own; plain ones
-    of at least ``DIRECT_BYTES`` go into direct batches (no fusion buffer);
+    of at least ``direct_bytes`` go into direct batches (no fusion buffer);
     ``threshold=0`` turns fusion off (one batch per tensor). Only agreed
     metadata decides, so every rank forms the same batches.
     """
@@ -88,7 +95,7 @@ def plan(ready: list[Entry], threshold: int) -> list[Batch]:
     for entry in ready:
         wire, count = _wire(entry)
         nbytes = count * wire.itemsize
-        direct = nbytes >= DIRECT_BYTES and entry.payload is None and wire == entry.flat.dtype
+        direct = nbytes >= direct_bytes and entry.payload is None and wire == entry.flat.dtype
         key = (entry.flat.dtype, wire, entry.op, entry.compressor.name, direct)   # dtypes hash by value
         batch = open_.get(key)
         if batch is None or (batch.entries and batch.nbytes + nbytes > threshold):

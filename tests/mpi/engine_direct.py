@@ -1,8 +1,9 @@
 """Rank script: large tensors through the engine under mpirun, in each rank's own random order.
 
-Run by tests/test_engine_mpi.py as ``mpirun -np P python engine_direct.py STEPS``. Tensors of
-1 MiB and up skip the fusion buffer and, with ``auto`` picking ``shm`` on one node, go to one
-``shm.allreduce_many`` call across the arrays (MPI shared windows, several arrays per window).
+Run by tests/test_engine_mpi.py as ``mpirun -np P python engine_direct.py STEPS``. On one node,
+with ``auto``, tensors of MANY_DIRECT_BYTES (64 KiB) and up skip the fusion buffer and go to one
+``shm.allreduce_many`` call across the arrays (MPI shared windows, several arrays per window);
+smaller ones are fused.
 Some are submitted in place, some not, some strided (reduced in a copy); every result is checked
 against the float64 reference and bitwise across ranks.
 """
@@ -14,19 +15,22 @@ from mpi4py import MPI
 
 import allreduce as ar
 from allreduce.algorithms import shm
-from allreduce.engine.fusion import DIRECT_BYTES
+from allreduce.engine.fusion import DIRECT_BYTES, MANY_DIRECT_BYTES
 from allreduce.kernels.reference import allreduce_reference
 from allreduce.ops import Op
 
 steps = int(sys.argv[1])
 world = MPI.COMM_WORLD
-ar.init(algorithm="shm")                                   # the engine's direct batches take the many-call
+ar.init()                                                  # auto: on one node, direct batches take shm's many-call
 p, me = ar.size(), ar.rank()
+assert ar.api._running_engine().many == "shm", ar.api._running_engine().many
 calls = []
 real = shm.allreduce_many
 shm.allreduce_many = lambda comm, bufs, op, **kw: (calls.append(len(bufs)), real(comm, bufs, op, **kw))
 n = DIRECT_BYTES // 4
-SIZES = {"a": n, "b": n + 5, "c": 3 * n + 1, "d": n // 2 * 3, "e": 2 * n - 7}   # float32 elements
+m = MANY_DIRECT_BYTES // 4
+SIZES = {"a": n, "b": n + 5, "c": 3 * n + 1, "d": n // 2 * 3, "e": 2 * n - 7,   # float32 elements
+         "f": m, "g": m - 1, "h": 5 * m + 3}                                # direct, fused, direct
 checked = 0
 for step in range(steps):
     shared = np.random.default_rng(step)
@@ -53,5 +57,6 @@ for step in range(steps):
         checked += 1
 ar.shutdown()
 assert max(calls, default=0) > 1, f"no direct batch of several tensors: {calls}"
+assert max(calls) <= len(SIZES) - 1, f"the tensor under MANY_DIRECT_BYTES went into a many-call: {calls}"
 if me == 0:
-    print(f"OK engine_direct: {checked} large allreduces on {p} ranks, many-calls of {sorted(set(calls))} tensors")
+    print(f"OK engine_direct: {checked} allreduces on {p} ranks, many-calls of {sorted(set(calls))} tensors")
