@@ -27,6 +27,7 @@ slowest rank's mean. The direct path runs with ``check=False``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -62,18 +63,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def timed(fn, args, mpi) -> float:
-    """Slowest rank's mean seconds per ``fn()`` after warmup (each rank's fastest of --repeats blocks)."""
-    for _ in range(args.warmup_iters):
-        fn()
-    best = float("inf")
-    for _ in range(args.repeats):
-        mpi.Barrier()
-        start = time.perf_counter()
-        for _ in range(args.iters):
+def timed_together(fns: dict, args, mpi) -> dict:
+    """Each variant's seconds per call: the slowest rank's mean over -n calls after warmup, each
+    rank's fastest of --repeats blocks. Round-robin: repeat r runs a block of every variant before
+    repeat r + 1 starts, so a ratio of two variants compares blocks run seconds apart, not minutes
+    (the VM's speed drifts by 2x over a run)."""
+    for fn in fns.values():
+        for _ in range(args.warmup_iters):
             fn()
-        best = min(best, (time.perf_counter() - start) / args.iters)
-    return mpi.allreduce(best, op=_mpi_max())
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(args.repeats):
+        for name, fn in fns.items():
+            mpi.Barrier()
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / args.iters)
+    return {name: mpi.allreduce(t, op=_mpi_max()) for name, t in best.items()}
 
 
 def _record(mode: str, variant: str, nbytes: int, tensors: int, seconds: float, p: int,
@@ -103,11 +109,9 @@ def bench_fusion(ar, args, mpi) -> list[dict]:
         for g in grads:
             comm.allreduce_(g, ar.Average)
 
-    out = [_record("fusion", "engine", total, args.tensors, timed(engine, args, mpi), p),
-           _record("fusion", "unfused-blocking", total, args.tensors, timed(unfused, args, mpi), p)]
+    variants = {"engine": engine, "unfused-blocking": unfused}
     if hasattr(ar, "grouped_allreduce"):
-        grouped = lambda: ar.grouped_allreduce(grads, name="grouped", op=ar.Average)  # noqa: E731
-        out.append(_record("fusion", "grouped", total, args.tensors, timed(grouped, args, mpi), p))
+        variants["grouped"] = lambda: ar.grouped_allreduce(grads, name="grouped", op=ar.Average)
     # The most fusion can gain on this machine: MPI_Allreduce in C, 1000 small calls against one
     # call on the same bytes, with no Python, packing or negotiation at all.
     from mpi4py import MPI
@@ -118,10 +122,10 @@ def bench_fusion(ar, args, mpi) -> list[dict]:
         for g, o in zip(grads, outs):
             mpi.Allreduce(g, o, op=MPI.SUM)
 
-    out.append(_record("fusion", "native-unfused", total, args.tensors, timed(native_unfused, args, mpi), p))
-    out.append(_record("fusion", "native-fused", total, 1,
-                       timed(lambda: mpi.Allreduce(joined, joined_out, op=MPI.SUM), args, mpi), p))
-    return out
+    variants["native-unfused"] = native_unfused
+    variants["native-fused"] = lambda: mpi.Allreduce(joined, joined_out, op=MPI.SUM)
+    times = timed_together(variants, args, mpi)
+    return [_record("fusion", v, total, 1 if v == "native-fused" else args.tensors, t, p) for v, t in times.items()]
 
 
 def _rel_err(got: np.ndarray, exact: np.ndarray) -> float:
@@ -136,15 +140,20 @@ def bench_compression(ar, args, mpi) -> list[dict]:
         inputs = [np.random.default_rng(r).standard_normal(count).astype(np.float32) for r in range(p)]
         exact = np.mean([x.astype(np.float64) for x in inputs], axis=0)
         mine = inputs[rank]
+        errors, variants = {}, {}
         for label in ("none", "fp16", "bf16"):
             compression = getattr(ar.Compression, label)
             result = ar.allreduce_async(mine, name=f"compress.{nbytes}", op=ar.Average,
                                         compression=compression).wait()
-            err = mpi.allreduce(_rel_err(result, exact), op=_mpi_max())
-            run = lambda: ar.allreduce_async(mine, name=f"compress.{nbytes}", op=ar.Average,  # noqa: E731
-                                             compression=compression).wait()
-            out.append(_record("compression", label, nbytes, 1, timed(run, args, mpi), p, err))
+            errors[label] = mpi.allreduce(_rel_err(result, exact), op=_mpi_max())
+            variants[label] = functools.partial(_one_async, ar, mine, f"compress.{nbytes}", compression)
+        times = timed_together(variants, args, mpi)
+        out += [_record("compression", v, nbytes, 1, t, p, errors[v]) for v, t in times.items()]
     return out
+
+
+def _one_async(ar, x, name, compression):
+    ar.allreduce_async(x, name=name, op=ar.Average, compression=compression).wait()
 
 
 def _mpi_max():
@@ -162,14 +171,14 @@ def bench_resnet50(ar, args, mpi) -> list[dict]:
     def step():
         _wait_all([ar.allreduce_async(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
 
-    out = [_record("resnet50", "engine-161", total, len(grads), timed(step, args, mpi), p)]
+    variants = {"engine-161": step}
     if hasattr(ar, "allreduce_async_"):      # in place: results land in the gradient buffers themselves
         def step_inplace():
             _wait_all([ar.allreduce_async_(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
-        out.append(_record("resnet50", "engine-161-inplace", total, len(grads), timed(step_inplace, args, mpi), p))
-    out.append(_record("resnet50", "raw-allreduce", total, 1, timed(lambda: comm.allreduce_(flat, ar.Average),
-                                                                     args, mpi), p))
-    return out
+        variants["engine-161-inplace"] = step_inplace
+    variants["raw-allreduce"] = lambda: comm.allreduce_(flat, ar.Average)
+    times = timed_together(variants, args, mpi)
+    return [_record("resnet50", v, total, 1 if v == "raw-allreduce" else len(grads), t, p) for v, t in times.items()]
 
 
 def bench_latency(ar, args, mpi) -> list[dict]:
@@ -178,8 +187,8 @@ def bench_latency(ar, args, mpi) -> list[dict]:
     direct = lambda: comm.allreduce_(x, ar.Average)  # noqa: E731
     reps = argparse.Namespace(iters=max(args.iters, 50), warmup_iters=max(args.warmup_iters, 5),
                               repeats=args.repeats)
-    return [_record("latency", "engine-roundtrip", 4, 1, timed(engine, reps, mpi), p),
-            _record("latency", "blocking", 4, 1, timed(direct, reps, mpi), p)]
+    times = timed_together({"engine-roundtrip": engine, "blocking": direct}, reps, mpi)
+    return [_record("latency", v, 4, 1, t, p) for v, t in times.items()]
 
 
 def format_table(records: list[dict]) -> list[str]:
@@ -228,7 +237,8 @@ def main(argv=None) -> int:
         lines = [f"# engine benchmark: {mpi.Get_size()} ranks, float32, op avg", f"# command: {command}"]
         lines += common.machine_header(desc)
         lines += [f"# time = slowest rank's mean over -n {args.iters} after -w {args.warmup_iters} warmup"
-                  f" (latency: -n 50 -w 5 at least), fastest of --repeats {args.repeats}; "
+                  f" (latency: -n 50 -w 5 at least), fastest of --repeats {args.repeats}, "
+                  "round-robin over a mode's variants; "
                   "relerr = max|got - exact| / max|exact| (float64 exact mean)"]
         print("\n".join(lines + format_table(records) + ratios(records)), flush=True)
         if args.json:

@@ -53,8 +53,8 @@ SWEEPS = {  # name: (ranks, script, arguments)
                                      "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo"),
     "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 3 --budget 0.6 -c --cold 256 "
                                          "--algorithms ring,rhd,shm,auto,mpi"),
-    "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2"),
-    "engine_tcp": (2, "engine_bench.py", "-n 3 -w 1 --repeats 2 --modes fusion,compression"),
+    "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3"),
+    "engine_tcp": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3 --modes fusion,compression"),
 }
 
 # Sections whose ranks talk as if on different nodes: every rank its own node (no shared memory,
