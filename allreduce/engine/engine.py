@@ -388,7 +388,7 @@ class Engine:
     def _allreduce_many(self, bufs: list, op: Op, srcs: list) -> str:
         """:meth:`_allreduce` of several arrays of one dtype (a direct batch): one call of the
         many-array algorithm where there is one (:attr:`many`: shm on one node), else one call
-        each, chosen per size.
+        each, chosen per size (a lone array, too: the model's pick for its size, as a blocking call).
 
         On one node the many-call is taken even where the cost model ranks another algorithm
         first for the batch's total size: that one would need a call per array (or a copy into a
@@ -398,7 +398,7 @@ class Engine:
         shm, on this VM's cold table) and the rest fused, 26 and 25 ms with its 52 tensors of
         64 KiB and up in one shm many-call, raw 26 and 23 ms.
         """
-        name = self.many
+        name = self.many if len(bufs) > 1 else None      # one array: one call of the model's pick
         if name is None:
             name = self.config.algorithm
             if name == "auto":
