@@ -272,7 +272,8 @@ def allgather_object(obj: Any) -> list[Any]:
 
 
 def explain_choice(nbytes: int) -> str:
-    """What ``algorithm="auto"`` would pick for ``nbytes`` here, and every algorithm's predicted time.
+    """What ``algorithm="auto"`` would pick for ``nbytes`` here, and every algorithm's predicted time
+    (plus, once the run-time tuner has timed this size on this communicator, what it measured and kept).
 
     Args:
         nbytes: message size in bytes.
@@ -282,8 +283,14 @@ def explain_choice(nbytes: int) -> str:
     """
     from .algorithms.explain_choice import explain_choice as _explain
     c = communicator()
-    return _explain(nbytes, c.size, local_size=c.local_size, path=c.config.costmodel,
+    text = _explain(nbytes, c.size, local_size=c.local_size, path=c.config.costmodel,
                     candidates=c.auto_candidates)
+    tried = c.tuner.decided.get(nbytes) if c.tuner is not None else None
+    if tried:     # the run-time tuner has measured this size (allreduce/autotune.py): that decides
+        text += (f"\n  measured at run time (median us, slowest rank): "
+                 + ", ".join(f"{name} {seconds * 1e6:.1f}" for name, seconds in tried.items())
+                 + f"; auto now runs {c._tuned[nbytes]}")
+    return text
 
 
 def barrier() -> None:

@@ -18,13 +18,16 @@ per thread over :class:`~allreduce.transport.threads.ThreadTransport`.
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, autotune
 from .algorithms import select
 from .algorithms.allgather import allgather as _allgather_blocks
+from .algorithms.broadcast import broadcast as _broadcast
+from .autotune import AutoTuner
 from .buffers import ResultPool, Workspace, as_flat, device_allreduce, is_device_array, restore
 from .config import ALGORITHM_NAMES, Config
 from .errors import InvalidArgumentError, MismatchError
@@ -59,6 +62,11 @@ class Communicator:
         self._mpi_transport = getattr(transport, "comm", None) is not None
         self._candidates: tuple[str, ...] | None = None
         self._auto: dict[int, str] = {}          # nbytes -> auto's choice, for this communicator's life
+        # auto measures its contenders on the first calls of a size (MPI only: the in-process
+        # transport's tests and lessons keep the model's deterministic choice)
+        self.tuner = AutoTuner() if self.config.autotune and self._mpi_transport and transport.size > 1 \
+            else None
+        self._tuned: dict[int, str] = {}         # nbytes -> the tuner's winner (or the model's pick)
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -144,10 +152,59 @@ class Communicator:
         if self.config.check and self.size > 1:
             self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                                  algorithm=_ALGO_CODES[algorithm])
+        trial = None
         if algorithm == "auto":
-            algorithm = self.choose(flat.nbytes)
+            if self.tuner is None or transport is not None or not flat.size:
+                algorithm = self.choose(flat.nbytes)
+            else:
+                algorithm = self._tuned.get(flat.nbytes)
+                if algorithm is None:
+                    trial = self.tuner.trials.get(flat.nbytes) or self._start_trial(flat.nbytes)
+                    algorithm = self._tuned[flat.nbytes] if trial is None else trial.current()
+        start = time.perf_counter() if trial is not None else 0.0
         algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
                        segment_bytes=self.config.segment_bytes, src=src)
+        if trial is not None and trial.record(time.perf_counter() - start):
+            self._decide(trial)
+
+    def _start_trial(self, nbytes: int):
+        """The first ``auto`` call of ``nbytes`` with the tuner on: rank 0's ranking says what to
+        try and how often (one tiny broadcast), so every rank runs the same algorithms even where
+        each node reads its own fitted file. Returns the trial, or None with the pick kept in
+        ``_tuned`` (one contender; or too many sizes in flight: the model's pick, untried)."""
+        if self.tuner.busy():
+            self._keep_tuned(nbytes, self.choose(nbytes))
+            return None
+        plan = np.full(1 + autotune.CONTENDERS, -1, np.int64)
+        if self.rank == 0:
+            ranked = self.ranked(nbytes)
+            names = autotune.contenders(ranked)
+            plan[0] = autotune.trials_for(ranked[0][1])
+            plan[1:1 + len(names)] = [_ALGO_CODES[name] for name in names]
+        _broadcast(self.transport, plan, 0)
+        names = [ALGORITHM_NAMES[code] for code in plan[1:].tolist() if code >= 0]
+        if len(names) < 2:
+            self._keep_tuned(nbytes, names[0])
+            return None
+        return self.tuner.start(nbytes, names, int(plan[0]))
+
+    def _keep_tuned(self, nbytes: int, name: str) -> str:
+        if len(self._tuned) >= 4096:
+            self._tuned.clear()
+        self._tuned[nbytes] = name
+        return name
+
+    def _decide(self, trial) -> None:
+        """Every rank has made the trial's last call: agree on each contender's slowest rank's
+        median (one tiny MAX allreduce) and keep the fastest for this size."""
+        slowest = np.array(trial.medians(), np.float64)
+        algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
+        self._keep_tuned(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
+
+    def ranked(self, nbytes: int) -> list[tuple[str, float]]:
+        """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""
+        return select.ranked(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
+                             cold=self.cold)
 
     def choose(self, nbytes: int) -> str:
         """``algorithm="auto"``'s pick for ``nbytes`` here; remembered for this communicator's life
@@ -195,7 +252,6 @@ class Communicator:
 
     def broadcast(self, x, root_rank: int = 0) -> np.ndarray:
         """Return a copy of root's ``x`` on every rank (``x`` must have root's shape and dtype)."""
-        from .algorithms.broadcast import broadcast as _broadcast
         root_rank = self._check_root(root_rank)
         x = np.asarray(x)
         check_dtype(x.dtype, Op.SUM)
@@ -206,7 +262,6 @@ class Communicator:
 
     def broadcast_bytes(self, payload: bytes | None, root_rank: int = 0) -> bytes:
         """Root's ``payload`` on every rank (the length travels first)."""
-        from .algorithms.broadcast import broadcast as _broadcast
         root_rank = self._check_root(root_rank)
         self.check_agreement("broadcast_object", root_rank=root_rank)
         length = np.array([len(payload) if self.rank == root_rank else 0], dtype=np.int64)

@@ -80,6 +80,7 @@ class Config:
     segment_bytes: int = 256 << 10   #: pipeline segment of ring and tree
     timeout: float = 30.0            #: seconds a peer may be silent before an error
     costmodel: str = ""              #: path of fitted cost-model constants ("" = per machine cache)
+    autotune: bool = True            #: auto times the model's best few on each size's first calls (MPI)
     fake_node_size: int = 0          #: pretend nodes hold this many ranks (testing hierarchical)
     engine: bool = True              #: start the engine thread in init()
     cycle_time: float = 1.0          #: engine cycle, milliseconds
@@ -98,6 +99,7 @@ class Config:
         "segment_bytes": "ALLREDUCE_SEGMENT_BYTES",
         "timeout": "ALLREDUCE_TIMEOUT",
         "costmodel": "ALLREDUCE_COSTMODEL",
+        "autotune": "ALLREDUCE_AUTOTUNE",
         "fake_node_size": "ALLREDUCE_FAKE_NODE_SIZE",
         "engine": "ALLREDUCE_ENGINE",
         "cycle_time": "ALLREDUCE_CYCLE_TIME",

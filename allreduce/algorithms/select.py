@@ -36,7 +36,7 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["choose", "predict", "terms", "constants", "measured_times", "source", "DEFAULTS", "default_path",
+__all__ = ["choose", "ranked", "predict", "terms", "constants", "measured_times", "source", "DEFAULTS", "default_path",
            "BUILTIN"]
 
 # Seconds per message (alpha), per byte sent (beta), per byte reduced (gamma).
@@ -182,11 +182,24 @@ def choose(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), pat
 
 @lru_cache(maxsize=4096)
 def _choose(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, int | None], cold: bool) -> str:
+    return _ranked(nbytes, p, candidates, stamp, cold)[0][0]
+
+
+def ranked(nbytes: int, p: int, *, candidates=("ring", "tree", "rhd", "rd"), path: str = "",
+           cold: bool = False) -> list[tuple[str, float]]:
+    """Every candidate with its predicted seconds, fastest first (ties: the earlier name); the
+    first is :func:`choose`'s answer. The run-time tuner (:mod:`allreduce.autotune`) times the
+    top few."""
+    return _ranked(nbytes, p, tuple(candidates), _stamp(path), cold)
+
+
+def _ranked(nbytes: int, p: int, candidates: tuple[str, ...], stamp: tuple[str, int | None],
+            cold: bool) -> list[tuple[str, float]]:
     times = measured_times(nbytes, p, candidates, stamp=stamp, cold=cold)
-    if times is not None:
-        return min(candidates, key=times.__getitem__)          # ties go to the earlier name
-    table = _load(*stamp)
-    return min(candidates, key=lambda name: _predict(name, nbytes, p, table))
+    if times is None:
+        table = _load(*stamp)
+        times = {name: _predict(name, nbytes, p, table) for name in candidates}
+    return sorted(((name, times[name]) for name in candidates), key=lambda kv: kv[1])   # stable
 
 
 def measured_times(nbytes: int, p: int, candidates: tuple[str, ...], *, path: str = "", cold: bool = False,

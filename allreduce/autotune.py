@@ -1,0 +1,125 @@
+"""Run-time tuning of ``algorithm="auto"``: time the model's best few on the first calls, keep the fastest.
+
+The cost model (:mod:`allreduce.algorithms.select`) ranks the algorithms
+from constants fitted in one benchmark run. On a shared machine that run
+can be minutes or days away from this one, and near-ties flip: on the
+2-core VM the fastest algorithm at 64 MiB was rhd in one report run and shm
+(1.5x faster) in the next. A training loop calls allreduce on the same
+sizes thousands of times, so it can afford to measure, as Horovod's
+``HOROVOD_AUTOTUNE`` and Intel MPI's autotuner do::
+
+    calls of one size:   1        2    3    4    5    6    7  ...  3k   3k+1 ...
+    what runs:           c1       c2   c3   c1   c2   c3   c1 ...  c3   the winner, from then on
+                         |        \\___ trials: the model's top CONTENDERS, k calls each,
+                         |             interleaved (call 1 is c1's first trial) ___/
+                         |                                                   |
+       rank 0's ranking is broadcast: every       one tiny MAX allreduce of every rank's
+       rank tries the same algorithms in the      median per contender -> every rank picks
+       same order (several nodes may each         the same argmin (ties: the model's order)
+       have their own fitted file)
+
+* k = :func:`trials_for` the model's predicted time: 3 calls each for
+  milliseconds-long calls, up to 64 for microsecond ones, so each
+  contender is timed over about ``TRIAL_SECONDS`` (a few microseconds of
+  jitter must not decide between rd and native MPI at 8 bytes).
+* The median of a contender's calls counts: it drops the first call's
+  warm-up (kernel loading, first-touch pages) and a rank's occasional stall.
+* Contenders are the model's best and those predicted within ``WITHIN`` of
+  it, at most ``CONTENDERS``: an algorithm the model ranks 10x slower is
+  never tried. With one contender there is nothing to try: it is kept.
+* Every rank makes the same calls in the same order (MPI requires it), so
+  every rank runs the same contender on the same call, and both agreements
+  happen on the same call everywhere.
+* A trial is a real allreduce: its result is correct and bitwise identical on
+  all ranks. Two calls of one size may differ in the last bits while tuning
+  (different algorithms add in different orders), never between ranks.
+
+Only the blocking path (:meth:`Communicator.allreduce_`, ``ar.allreduce``)
+tunes, and only on the MPI transport: the engine has its own rules for its
+batches, and the in-process transport (tests, ``allreduce-explain``) keeps
+the model's deterministic choice. ``ALLREDUCE_AUTOTUNE=0`` turns it off.
+
+This module only keeps the books; the communicator runs the calls and the
+two agreements.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["AutoTuner", "Trial", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS"]
+
+CONTENDERS = 3           #: at most this many algorithms are timed per size
+WITHIN = 2.0             #: only algorithms predicted at most this many times the model's best
+TRIAL_SECONDS = 1e-3     #: about this long per contender: more calls for shorter ones...
+MIN_TRIALS, MAX_TRIALS = 3, 64   #: ...within these bounds
+
+
+def contenders(ranked: list[tuple[str, float]]) -> list[str]:
+    """The names worth timing from the model's ``ranked`` list (fastest first)."""
+    if not ranked:
+        return []
+    best = ranked[0][1]
+    return [name for name, seconds in ranked if seconds <= WITHIN * best][:CONTENDERS]
+
+
+def trials_for(predicted_seconds: float) -> int:
+    """Calls per contender for a call the model predicts takes ``predicted_seconds``."""
+    if not predicted_seconds > 0:
+        return MAX_TRIALS
+    return max(MIN_TRIALS, min(MAX_TRIALS, math.ceil(TRIAL_SECONDS / predicted_seconds)))
+
+
+class Trial:
+    """The tuning of one message size: which contender runs on the next call, and the times so far."""
+
+    __slots__ = ("nbytes", "contenders", "trials", "calls", "times")
+
+    def __init__(self, nbytes: int, contenders: list[str], trials: int):
+        self.nbytes, self.contenders, self.trials = nbytes, contenders, trials
+        self.calls = 0
+        self.times: list[list[float]] = [[] for _ in contenders]
+
+    def current(self) -> str:
+        """The contender the next call of this size runs."""
+        return self.contenders[self.calls % len(self.contenders)]
+
+    def record(self, seconds: float) -> bool:
+        """Count the call just made (it ran :meth:`current`); True once every trial is in."""
+        self.times[self.calls % len(self.contenders)].append(seconds)
+        self.calls += 1
+        return self.calls >= self.trials * len(self.contenders)
+
+    def medians(self) -> list[float]:
+        """This rank's median seconds per contender."""
+        return [sorted(t)[len(t) // 2] for t in self.times]
+
+    def winner(self, slowest: list[float]) -> str:
+        """The contender with the smallest time in ``slowest`` (every rank's maximum of the
+        medians; ties go to the model's order)."""
+        return self.contenders[min(range(len(slowest)), key=slowest.__getitem__)]
+
+
+class AutoTuner:
+    """Books of the sizes being tuned (``trials``) and of the decisions made (``decided``)."""
+
+    def __init__(self, max_sizes: int = 256):
+        self.max_sizes = max_sizes          # sizes tuned at once; more are not tuned until some finish
+        self.trials: dict[int, Trial] = {}
+        self.decided: dict[int, dict[str, float]] = {}   # nbytes -> {contender: agreed median seconds}
+
+    def busy(self) -> bool:
+        """Too many sizes in flight to start another."""
+        return len(self.trials) >= self.max_sizes
+
+    def start(self, nbytes: int, names: list[str], trials: int) -> Trial:
+        """Begin timing ``names`` (the agreed contenders, two or more) at ``nbytes``."""
+        trial = self.trials[nbytes] = Trial(nbytes, names, trials)
+        return trial
+
+    def decide(self, trial: Trial, slowest: list[float]) -> str:
+        """Close ``trial`` with the agreed times; return the winner."""
+        del self.trials[trial.nbytes]
+        if len(self.decided) >= 4096:
+            self.decided.clear()
+        self.decided[trial.nbytes] = dict(zip(trial.contenders, slowest))
+        return trial.winner(slowest)

@@ -1,0 +1,72 @@
+"""The run-time tuner of algorithm="auto" (allreduce/autotune.py): its books here, its calls under mpirun."""
+import pytest
+
+from allreduce import autotune
+from allreduce.autotune import AutoTuner, Trial, contenders, trials_for
+from allreduce.config import Config
+
+from .harness import mpirun
+
+
+def test_contenders_are_the_models_best_and_those_within_the_factor_at_most_three():
+    ranked = [("mpi", 1.0), ("rd", 1.5), ("shm", 2.0), ("rhd", 2.01), ("ring", 9.0)]
+    assert contenders(ranked) == ["mpi", "rd", "shm"]
+    assert contenders([("mpi", 1.0), ("ring", 2.5)]) == ["mpi"]
+    assert contenders([("a", 1.0), ("b", 1.1), ("c", 1.2), ("d", 1.3)]) == ["a", "b", "c"]
+    assert contenders([]) == []
+
+
+def test_trials_cover_about_a_millisecond_within_bounds():
+    assert trials_for(5e-6) == autotune.MAX_TRIALS          # microsecond calls: many samples
+    assert trials_for(1e-4) == 10
+    assert trials_for(0.02) == autotune.MIN_TRIALS          # milliseconds: three each
+    assert trials_for(0.0) == autotune.MAX_TRIALS
+
+
+def test_a_trial_runs_contenders_round_robin_and_the_median_decides():
+    trial = Trial(64, ["mpi", "rd"], trials=3)
+    runs = []
+    times = {"mpi": [0.9, 0.002, 0.0021], "rd": [0.0019, 0.0018, 0.5]}   # a warm-up call, a stall
+    done = False
+    while not done:
+        name = trial.current()
+        runs.append(name)
+        done = trial.record(times[name][len([r for r in runs if r == name]) - 1])
+    assert runs == ["mpi", "rd"] * 3
+    assert trial.medians() == [0.0021, 0.0019]
+    assert trial.winner(trial.medians()) == "rd"
+    assert trial.winner([1.0, 1.0]) == "mpi"                 # a tie goes to the model's order
+
+
+def test_the_tuner_books_sizes_and_stops_taking_new_ones_when_busy():
+    tuner = AutoTuner(max_sizes=2)
+    a = tuner.start(8, ["mpi", "rd"], 3)
+    tuner.start(16, ["mpi", "rd"], 3)
+    assert tuner.busy() and tuner.trials[8] is a
+    assert tuner.decide(a, [2.0, 1.0]) == "rd"
+    assert tuner.decided[8] == {"mpi": 2.0, "rd": 1.0} and 8 not in tuner.trials and not tuner.busy()
+
+
+def test_autotune_setting_from_the_environment():
+    assert Config.from_env({}).autotune is True
+    assert Config.from_env({"ALLREDUCE_AUTOTUNE": "0"}).autotune is False
+
+
+def test_the_in_process_transport_keeps_the_models_choice():
+    from allreduce.comm import Communicator
+    from allreduce.transport.threads import ThreadWorld
+    world = ThreadWorld(2, timeout=10)
+    assert Communicator(world.transport(0)).tuner is None
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+def test_tuning_under_mpi_agrees_on_every_rank_and_every_result_is_right(np_):
+    out = mpirun(np_, "autotune_check.py", timeout=240).stdout
+    assert f"OK autotune_check on {np_} ranks" in out, out[-2000:]
+
+
+@pytest.mark.mpi
+def test_autotune_off_keeps_the_models_pick():
+    out = mpirun(2, "autotune_check.py", "--off", timeout=120, env={"ALLREDUCE_AUTOTUNE": "0"}).stdout
+    assert "OK autotune_check on 2 ranks (off)" in out, out[-2000:]
