@@ -289,7 +289,10 @@ def explain_choice(nbytes: int) -> str:
     if tried:     # the run-time tuner has measured this size (allreduce/autotune.py): that decides
         text += (f"\n  measured at run time (median us, slowest rank): "
                  + ", ".join(f"{name} {seconds * 1e6:.1f}" for name, seconds in tried.items())
-                 + f"; auto now runs {c._tuned[nbytes]}")
+                 + f"; auto now runs {c.auto_picks[nbytes]}")
+    elif c.auto_picks.get(nbytes, c.choose(nbytes)) != c.choose(nbytes):
+        text += (f"\n  auto runs {c.auto_picks[nbytes]}: rank 0's cost model picks it, and every rank "
+                 "runs rank 0's pick")
     return text
 
 

@@ -66,7 +66,10 @@ class Communicator:
         # transport's tests and lessons keep the model's deterministic choice)
         self.tuner = AutoTuner() if self.config.autotune and self._mpi_transport and transport.size > 1 \
             else None
-        self._tuned: dict[int, str] = {}         # nbytes -> the tuner's winner (or the model's pick)
+        # auto's pick must be the same on every rank (different algorithms would deadlock) even
+        # where each node reads its own fitted cost model: on MPI, rank 0's pick is broadcast
+        self._agree = self._mpi_transport and transport.size > 1
+        self.auto_picks: dict[int, str] = {}     # nbytes -> what auto runs: the tuner's winner or rank 0's pick
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -154,26 +157,43 @@ class Communicator:
                                  algorithm=_ALGO_CODES[algorithm])
         trial = None
         if algorithm == "auto":
-            if self.tuner is None or transport is not None or not flat.size:
-                algorithm = self.choose(flat.nbytes)
-            else:
-                algorithm = self._tuned.get(flat.nbytes)
-                if algorithm is None:
+            algorithm = self.auto_picks.get(flat.nbytes)
+            if algorithm is None:
+                if self.tuner is not None and transport is None and flat.size:
                     trial = self.tuner.trials.get(flat.nbytes) or self._start_trial(flat.nbytes)
-                    algorithm = self._tuned[flat.nbytes] if trial is None else trial.current()
+                algorithm = self.pick(flat.nbytes) if trial is None else trial.current()
         start = time.perf_counter() if trial is not None else 0.0
         algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
                        segment_bytes=self.config.segment_bytes, src=src)
         if trial is not None and trial.record(time.perf_counter() - start):
             self._decide(trial)
 
+    def pick(self, nbytes: int) -> str:
+        """What ``algorithm="auto"`` runs for ``nbytes``: the same on every rank.
+
+        The first call of a size keeps the tuner's winner once it has one (``_decide``); any
+        other first call takes rank 0's :meth:`choose`, broadcast (8 bytes, once per size) where
+        ranks could disagree: on MPI with more than one rank, where every node may read its own
+        fitted cost-model file. Every rank makes the same calls in the same order (the metadata
+        check holds them to it), so every rank broadcasts at the same call.
+        """
+        name = self.auto_picks.get(nbytes)
+        if name is None:
+            name = self.choose(nbytes)
+            if self._agree:
+                code = np.array([_ALGO_CODES[name]], np.int64)
+                _broadcast(self.transport, code, 0)
+                name = ALGORITHM_NAMES[int(code[0])]
+            self._keep(nbytes, name)
+        return name
+
     def _start_trial(self, nbytes: int):
         """The first ``auto`` call of ``nbytes`` with the tuner on: rank 0's ranking says what to
         try and how often (one tiny broadcast), so every rank runs the same algorithms even where
-        each node reads its own fitted file. Returns the trial, or None with the pick kept in
-        ``_tuned`` (one contender; or too many sizes in flight: the model's pick, untried)."""
+        each node reads its own fitted file. Returns the trial; or None (the tuner already times
+        its most sizes at once, the same on every rank; or rank 0's model has one contender,
+        which is then kept), and :meth:`pick` decides."""
         if self.tuner.busy():
-            self._keep_tuned(nbytes, self.choose(nbytes))
             return None
         plan = np.full(1 + autotune.CONTENDERS, -1, np.int64)
         if self.rank == 0:
@@ -184,14 +204,14 @@ class Communicator:
         _broadcast(self.transport, plan, 0)
         names = [ALGORITHM_NAMES[code] for code in plan[1:].tolist() if code >= 0]
         if len(names) < 2:
-            self._keep_tuned(nbytes, names[0])
+            self._keep(nbytes, names[0])
             return None
         return self.tuner.start(nbytes, names, int(plan[0]))
 
-    def _keep_tuned(self, nbytes: int, name: str) -> str:
-        if len(self._tuned) >= 4096:
-            self._tuned.clear()
-        self._tuned[nbytes] = name
+    def _keep(self, nbytes: int, name: str) -> str:
+        if len(self.auto_picks) >= 4096:         # every rank clears at the same call
+            self.auto_picks.clear()
+        self.auto_picks[nbytes] = name
         return name
 
     def _decide(self, trial) -> None:
@@ -199,7 +219,7 @@ class Communicator:
         median (one tiny MAX allreduce) and keep the fastest for this size."""
         slowest = np.array(trial.medians(), np.float64)
         algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        self._keep_tuned(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
+        self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:
         """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""
@@ -207,8 +227,9 @@ class Communicator:
                              cold=self.cold)
 
     def choose(self, nbytes: int) -> str:
-        """``algorithm="auto"``'s pick for ``nbytes`` here; remembered for this communicator's life
-        (the cost model is read once, like the environment: a small call cannot afford more)."""
+        """The cost model's pick for ``nbytes`` on this rank (``auto`` runs :meth:`pick`, the same
+        on every rank); remembered for this communicator's life (the cost model is read once, like
+        the environment: a small call cannot afford more)."""
         name = self._auto.get(nbytes)
         if name is None:
             name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,

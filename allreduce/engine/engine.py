@@ -380,7 +380,7 @@ class Engine:
         the algorithm's name."""
         name = self.config.algorithm
         if name == "auto":
-            name = self.comm.choose(buf.nbytes)
+            name = self.comm.pick(buf.nbytes)
         algorithms.run(name, self.transport, buf, op, workspace=self.comm.workspace,
                        segment_bytes=self.config.segment_bytes, src=src)
         return name
@@ -402,7 +402,7 @@ class Engine:
         if name is None:
             name = self.config.algorithm
             if name == "auto":
-                name = self.comm.choose(sum(b.nbytes for b in bufs))
+                name = self.comm.pick(sum(b.nbytes for b in bufs))
             if name not in algorithms.MANY:
                 return "+".join(sorted({self._allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
         algorithms.run_many(name, self.transport, bufs, op, srcs=srcs)

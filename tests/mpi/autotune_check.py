@@ -1,11 +1,13 @@
 """Rank script: auto's run-time tuner under mpirun (tests/test_autotune.py).
 
 ``mpirun -np P python autotune_check.py [--off]``. Every rank but rank 0 is given a cost model that
-ranks the algorithms the other way round, as if each node had fitted its own file: the tuner must
-still run the same algorithm on every rank on every call (rank 0's plan is broadcast), or the job
-hangs (the test's timeout) or returns wrong sums. Two sizes are tuned interleaved, others one after
-another; every result is checked exactly (small integers), the last of each size bitwise across
-ranks, and the decisions are compared across ranks.
+ranks the algorithms the other way round, as if each node had fitted its own file: auto must still
+run the same algorithm on every rank on every call (rank 0's plan or pick is broadcast), or the job
+hangs (the test's timeout) or returns wrong sums. That holds while the tuner times a size, for a
+size it has no room for (it times one size at a time here), and with the tuner off (``--off``).
+Two sizes are reduced interleaved, others one after another; every result is checked exactly
+(small integers), the last of each size bitwise across ranks, and the picks are compared across
+ranks.
 """
 import sys
 
@@ -23,9 +25,11 @@ if off:
     assert comm.tuner is None, "ALLREDUCE_AUTOTUNE=0 left the tuner on"
 else:
     assert comm.tuner is not None
-    if me != 0:
-        own = comm.ranked
-        comm.ranked = lambda nbytes: list(reversed(own(nbytes)))     # a different model on this rank
+    comm.tuner.max_sizes = 1                                    # the second size finds it busy
+if me != 0:                                                     # a different model on this rank
+    own = comm.ranked
+    comm.ranked = lambda nbytes: list(reversed(own(nbytes)))
+    comm.choose = lambda nbytes: comm.ranked(nbytes)[0][0]
 
 SIZES = [1, 1024, 25_000, (1 << 18) + 3, 2 << 20]          # float32 elements
 calls = 0
@@ -42,7 +46,7 @@ def call(n: int) -> np.ndarray:
 
 
 def tuned(n: int) -> bool:
-    return off or n * 4 in comm._tuned
+    return n * 4 in comm.auto_picks
 
 
 last = {}
@@ -60,14 +64,33 @@ for n in SIZES:                                                 # the rest one a
 for n, got in last.items():
     blobs = world.allgather(got.tobytes())
     assert all(blob == blobs[0] for blob in blobs), f"{n} elements: results differ bitwise across ranks"
+picks = world.allgather(dict(comm.auto_picks))
+assert all(book == picks[0] for book in picks), f"auto picked differently across ranks: {picks}"
+assert sorted(picks[0]) == sorted(n * 4 for n in SIZES), picks[0]
+models = world.allgather([comm.choose(n * 4) for n in SIZES])
+assert any(model != models[0] for model in models[1:]), f"the ranks' models agree: nothing tested {models}"
+untimed = [n * 4 for n in SIZES if off or n * 4 not in comm.tuner.decided]
+assert untimed, "every size was timed: the busy tuner's path went untested"
+for nbytes in untimed:                                          # rank 0's model decided these
+    assert picks[0][nbytes] == world.bcast(comm.choose(nbytes), root=0), nbytes
 if not off:
-    books = world.allgather((dict(comm._tuned), comm.tuner.decided, dict(comm.tuner.trials)))
+    books = world.allgather((dict(comm.auto_picks), comm.tuner.decided, dict(comm.tuner.trials)))
     assert all(book[:2] == books[0][:2] for book in books), f"ranks decided differently: {books}"
     assert not books[0][2], f"trials left open: {books[0][2]}"
     assert comm.tuner.decided, "no size was tuned: every size had a single contender?"
     for nbytes, times in comm.tuner.decided.items():
-        assert comm._tuned[nbytes] == min(times, key=times.get), (nbytes, times, comm._tuned[nbytes])
-        assert f"auto now runs {comm._tuned[nbytes]}" in ar.explain_choice(nbytes), ar.explain_choice(nbytes)
+        assert comm.auto_picks[nbytes] == min(times, key=times.get), (nbytes, times, comm.auto_picks[nbytes])
+        assert f"auto now runs {comm.auto_picks[nbytes]}" in ar.explain_choice(nbytes), ar.explain_choice(nbytes)
+engine = ar.api._engine                                         # the engine's own picks agree too
+if me != 0:
+    engine.comm.choose = lambda nbytes: list(reversed(engine.comm.ranked(nbytes)))[0][0]
+for step in range(3):
+    arrays = [np.arange(n, dtype=np.float32) % 7 + me for n in (3, 5000, 70_000, 300_000)]
+    for n, got in zip((3, 5000, 70_000, 300_000), ar.grouped_allreduce(arrays, op=ar.Sum, name=f"g{step}")):
+        want = p * (np.arange(n) % 7) + p * (p - 1) / 2
+        assert np.array_equal(got, want.astype(np.float32)), f"rank {me}: engine sum wrong at {n}"
+engine_picks = world.allgather(dict(engine.comm.auto_picks))
+assert engine_picks[0] and all(book == engine_picks[0] for book in engine_picks), engine_picks
 ar.shutdown()
 if me == 0:
     tail = " (off)" if off else f": {calls} calls, tuned {sorted(comm.tuner.decided)} bytes"
