@@ -8,22 +8,31 @@ can be minutes or days away from this one, and near-ties flip: on the
 sizes thousands of times, so it can afford to measure, as Horovod's
 ``HOROVOD_AUTOTUNE`` and Intel MPI's autotuner do::
 
-    calls of one size:   1        2    3    4    5    6    7  ...  3k   3k+1 ...
-    what runs:           c1       c2   c3   c1   c2   c3   c1 ...  c3   the winner, from then on
-                         |        \\___ trials: the model's top CONTENDERS, k calls each,
-                         |             interleaved (call 1 is c1's first trial) ___/
-                         |                                                   |
-       rank 0's ranking is broadcast: every       one tiny MAX allreduce of every rank's
-       rank tries the same algorithms in the      median per contender -> every rank picks
-       same order (several nodes may each         the same argmin (ties: the model's order)
-       have their own fitted file)
+    calls of one size:  1 2 3 4 | 5 6 7 8 | 9 ...   | ... 2Cb | then the winner, for good
+    what runs:          c1 ...  | c2 ...  | c3 ...  | round 2: c1, c2, c3 again
+                        ^ each block: one untimed call (the switch from another
+                          algorithm: its cache, its first pages), then b timed ones
+       |                                                        |
+       rank 0's ranking is broadcast: every rank tries the      one tiny MAX allreduce of
+       same algorithms in the same order (several nodes         every rank's median per
+       may each have their own fitted file)                     contender -> every rank
+                                                                picks the same argmin
 
-* k = :func:`trials_for` the model's predicted time: 3 calls each for
-  milliseconds-long calls, up to 64 for microsecond ones, so each
-  contender is timed over about ``TRIAL_SECONDS`` (a few microseconds of
-  jitter must not decide between rd and native MPI at 8 bytes).
-* The median of a contender's calls counts: it drops the first call's
-  warm-up (kernel loading, first-touch pages) and a rank's occasional stall.
+* Each contender runs in blocks of back-to-back calls, as a loop of one size
+  calls it, in ``ROUNDS`` rounds (c1 c2 c3, then c1 c2 c3 again, so a slow
+  moment of a shared machine does not fall on one contender alone). A
+  block's first call is not counted: it pays for the switch (the other
+  algorithm's data in the cache, first-touch pages of a new workspace, a
+  kernel loaded). Timing contenders one call each in turn did not work: on
+  the 2-core VM every call then found the cache full of the other
+  algorithm's buffers, and at 1 MiB the tuner kept mpi or rd (medians 210
+  and 174 us) over shm, which runs 103 us back to back.
+* k = :func:`trials_for` the model's predicted time: timed calls per
+  contender, 4 for milliseconds-long calls, up to 64 for microsecond ones,
+  so each contender is timed over about ``TRIAL_SECONDS`` (a few
+  microseconds of jitter must not decide between rd and native MPI at 8 bytes).
+* The median of a contender's timed calls counts: it drops a rank's
+  occasional stall.
 * Contenders are the model's best and those predicted within ``WITHIN`` of
   it, at most ``CONTENDERS``: an algorithm the model ranks 10x slower is
   never tried. With one contender there is nothing to try: it is kept.
@@ -46,12 +55,14 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["AutoTuner", "Trial", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS"]
+__all__ = ["AutoTuner", "Trial", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS",
+           "ROUNDS"]
 
-CONTENDERS = 3           #: at most this many algorithms are timed per size
-WITHIN = 2.0             #: only algorithms predicted at most this many times the model's best
-TRIAL_SECONDS = 1e-3     #: about this long per contender: more calls for shorter ones...
-MIN_TRIALS, MAX_TRIALS = 3, 64   #: ...within these bounds
+CONTENDERS = 4           #: at most this many algorithms are timed per size
+WITHIN = 3.0             #: only algorithms predicted at most this many times the model's best
+TRIAL_SECONDS = 2e-3     #: about this long per contender: more calls for shorter ones...
+MIN_TRIALS, MAX_TRIALS = 4, 64   #: ...within these bounds
+ROUNDS = 2               #: each contender's timed calls come in this many blocks, each after one untimed
 
 
 def contenders(ranked: list[tuple[str, float]]) -> list[str]:
@@ -72,22 +83,28 @@ def trials_for(predicted_seconds: float) -> int:
 class Trial:
     """The tuning of one message size: which contender runs on the next call, and the times so far."""
 
-    __slots__ = ("nbytes", "contenders", "trials", "calls", "times")
+    __slots__ = ("nbytes", "contenders", "trials", "calls", "times", "_plan")
 
     def __init__(self, nbytes: int, contenders: list[str], trials: int):
         self.nbytes, self.contenders, self.trials = nbytes, contenders, trials
         self.calls = 0
         self.times: list[list[float]] = [[] for _ in contenders]
+        per_block = -(-trials // ROUNDS)
+        # the calls in order: (contender index, timed?); a block is one untimed call, then timed ones
+        self._plan = [(i, j > 0) for _ in range(ROUNDS) for i in range(len(contenders))
+                      for j in range(1 + per_block)]
 
     def current(self) -> str:
         """The contender the next call of this size runs."""
-        return self.contenders[self.calls % len(self.contenders)]
+        return self.contenders[self._plan[self.calls][0]]
 
     def record(self, seconds: float) -> bool:
         """Count the call just made (it ran :meth:`current`); True once every trial is in."""
-        self.times[self.calls % len(self.contenders)].append(seconds)
+        index, timed = self._plan[self.calls]
+        if timed:
+            self.times[index].append(seconds)
         self.calls += 1
-        return self.calls >= self.trials * len(self.contenders)
+        return self.calls >= len(self._plan)
 
     def medians(self) -> list[float]:
         """This rank's median seconds per contender."""

@@ -116,6 +116,7 @@ def measure_check_cost(mpi, iters: int = 50) -> float:
         checked.close()
 
 
+MAX_SETTLE = 2000   # warm-up calls at most while auto's tuner times its contenders (it takes ~100-300)
 FILL = 50   # --budget lets a row of microsecond calls run up to this many times -n (OSU: 10000 small, 1000 large)
 
 
@@ -127,9 +128,17 @@ def warm_up(run, xs: list[np.ndarray], args, mpi) -> int:
     call, and the goals compare such rows to 10%.
 
     The first call (which may load compiled kernels, or allocate) runs before the clock starts:
-    counted, it once cut the first row of a sweep to a single noisy timed call.
+    counted, it once cut the first row of a sweep to a single noisy timed call. So do the calls
+    ``auto`` spends timing its contenders (its run-time tuner, ``run.steady``), at most
+    ``MAX_SETTLE``: the timed blocks measure what it settled on, as every later call of a
+    training loop runs it.
     """
     run(xs[0])
+    steady = getattr(run, "steady", None)
+    for i in range(MAX_SETTLE if steady else 0):
+        if steady(xs[0].nbytes):
+            break
+        run(xs[i % len(xs)])
     start = time.perf_counter()
     for i in range(args.warmup_iters):
         run(xs[i % len(xs)])
@@ -215,7 +224,17 @@ def run_sweep(args, comm, mpi, b_mem: float, notes: list[str]) -> list[common.Ro
             rows.append(common.Row(args.collective, nbytes, count, dtype.name, args.op, name, p, t * 1e6,
                                    algbw, busbw, wrong=wrong[name], min_us=min(times) * 1e6,
                                    avg_us=sum(times) / p * 1e6, max_us=t * 1e6, iters=iters, bound_frac=bound))
+    if "auto" in runners and args.collective == "allreduce":
+        notes.append(auto_note(comm, sorted({r.size_bytes for r in rows})))
     return rows
+
+
+def auto_note(comm, sizes: list[int]) -> str:
+    """What ``auto`` ran at each size of the sweep: ``*`` where its tuner timed contenders to pick."""
+    decided = comm.tuner.decided if comm.tuner is not None else {}
+    picks = [f"{common.human_size(n)} {comm.auto_picks[n]}{'*' if n in decided else ''}"
+             for n in sizes if n in comm.auto_picks]
+    return "auto ran (* = timed at run time): " + ", ".join(picks)
 
 
 def report(args, rows: list[common.Row], header: list[str], notes: list[str]) -> str:

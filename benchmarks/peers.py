@@ -82,13 +82,24 @@ def _ours_allreduce(name: str, ctx: Context):
     except ImportError as exc:
         raise Unavailable(f"algorithm {name} not available in this tree ({exc})") from None
     comm, op = ctx.comm, _as_op(ctx.op)
+    if name == "auto":
+        return _auto_runner(comm, op)
     return lambda x: comm.allreduce_(x, op, algorithm=name)
+
+
+def _auto_runner(comm, op):
+    """``algorithm="auto"``; ``run.steady(nbytes)`` says whether auto has settled on its pick for
+    that size (its run-time tuner times contenders on the first calls: warm-up runs until then)."""
+    def run(x):
+        return comm.allreduce_(x, op)
+    run.steady = lambda nbytes: nbytes in comm.auto_picks
+    return run
 
 
 def _ours_other(ctx: Context):
     comm, op = ctx.comm, _as_op(ctx.op)
     if ctx.collective == "allreduce":
-        return lambda x: comm.allreduce_(x, op)     # algorithm="auto"
+        return _auto_runner(comm, op)
     try:
         if ctx.collective == "broadcast":
             from allreduce.algorithms import broadcast  # noqa: F401
