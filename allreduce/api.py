@@ -287,7 +287,7 @@ def explain_choice(nbytes: int) -> str:
                     candidates=c.auto_candidates)
     tried = c.tuner.decided.get(nbytes) if c.tuner is not None else None
     if tried:     # the run-time tuner has measured this size (allreduce/autotune.py): that decides
-        text += (f"\n  measured at run time (median us, slowest rank): "
+        text += (f"\n  measured at run time (us, best block's mean, slowest rank): "
                  + ", ".join(f"{name} {seconds * 1e6:.1f}" for name, seconds in tried.items())
                  + f"; auto now runs {c.auto_picks[nbytes]}")
     elif c.auto_picks.get(nbytes, c.choose(nbytes)) != c.choose(nbytes):

@@ -14,25 +14,32 @@ sizes thousands of times, so it can afford to measure, as Horovod's
                           algorithm: its cache, its first pages), then b timed ones
        |                                                        |
        rank 0's ranking is broadcast: every rank tries the      one tiny MAX allreduce of
-       same algorithms in the same order (several nodes         every rank's median per
+       same algorithms in the same order (several nodes         every rank's score per
        may each have their own fitted file)                     contender -> every rank
                                                                 picks the same argmin
 
 * Each contender runs in blocks of back-to-back calls, as a loop of one size
-  calls it, in ``ROUNDS`` rounds (c1 c2 c3, then c1 c2 c3 again, so a slow
-  moment of a shared machine does not fall on one contender alone). A
+  calls it, in ``ROUNDS`` rounds (c1 c2 c3, then c1 c2 c3 again, ...), so a
+  slow moment of a shared machine does not fall on one contender alone. A
   block's first call is not counted: it pays for the switch (the other
   algorithm's data in the cache, first-touch pages of a new workspace, a
   kernel loaded). Timing contenders one call each in turn did not work: on
   the 2-core VM every call then found the cache full of the other
   algorithm's buffers, and at 1 MiB the tuner kept mpi or rd (medians 210
   and 174 us) over shm, which runs 103 us back to back.
+* A contender's score is its best block's mean: on a shared machine noise
+  only adds time, and it comes in spells that last several calls (a 64 MiB
+  shm call took 11.7 ms, then 25.9, 23.8 and 24.9 ms, by hand), so the
+  median of all calls picked whichever contender a spell missed (ring over
+  shm at 64 MiB, -np 2: 15.3 against 10.8 ms back to back). The benchmark
+  (``allreduce_bench.py --repeats``) and Python's ``timeit`` take the best
+  block for the same reason.
 * k = :func:`trials_for` the model's predicted time: timed calls per
-  contender, 4 for milliseconds-long calls, up to 64 for microsecond ones,
-  so each contender is timed over about ``TRIAL_SECONDS`` (a few
-  microseconds of jitter must not decide between rd and native MPI at 8 bytes).
-* The median of a contender's timed calls counts: it drops a rank's
-  occasional stall.
+  contender, 6 for calls of 2 ms and more, up to 96 for microsecond ones,
+  so each contender is timed over about ``TRIAL_SECONDS``: on the 2-core VM
+  one 4 MiB call of native MPI took anything from 443 to 1069 us within a
+  few calls (by hand), so two or three calls cannot rank contenders 10%
+  apart. It costs nothing but time spent on a slower contender, once per size.
 * Contenders are the model's best and those predicted within ``WITHIN`` of
   it, at most ``CONTENDERS``: an algorithm the model ranks 10x slower is
   never tried. With one contender there is nothing to try: it is kept.
@@ -60,9 +67,9 @@ __all__ = ["AutoTuner", "Trial", "contenders", "trials_for", "CONTENDERS", "WITH
 
 CONTENDERS = 4           #: at most this many algorithms are timed per size
 WITHIN = 3.0             #: only algorithms predicted at most this many times the model's best
-TRIAL_SECONDS = 2e-3     #: about this long per contender: more calls for shorter ones...
-MIN_TRIALS, MAX_TRIALS = 4, 64   #: ...within these bounds
-ROUNDS = 2               #: each contender's timed calls come in this many blocks, each after one untimed
+TRIAL_SECONDS = 1e-2     #: about this long per contender: more calls for shorter ones...
+MIN_TRIALS, MAX_TRIALS = 6, 96   #: ...within these bounds
+ROUNDS = 3               #: each contender's timed calls come in this many blocks, each after one untimed
 
 
 def contenders(ranked: list[tuple[str, float]]) -> list[str]:
@@ -88,7 +95,7 @@ class Trial:
     def __init__(self, nbytes: int, contenders: list[str], trials: int):
         self.nbytes, self.contenders, self.trials = nbytes, contenders, trials
         self.calls = 0
-        self.times: list[list[float]] = [[] for _ in contenders]
+        self.times: list[list[list[float]]] = [[] for _ in contenders]   # per contender: its blocks
         per_block = -(-trials // ROUNDS)
         # the calls in order: (contender index, timed?); a block is one untimed call, then timed ones
         self._plan = [(i, j > 0) for _ in range(ROUNDS) for i in range(len(contenders))
@@ -101,18 +108,20 @@ class Trial:
     def record(self, seconds: float) -> bool:
         """Count the call just made (it ran :meth:`current`); True once every trial is in."""
         index, timed = self._plan[self.calls]
-        if timed:
-            self.times[index].append(seconds)
+        if not timed:
+            self.times[index].append([])          # a block begins (its untimed call)
+        else:
+            self.times[index][-1].append(seconds)
         self.calls += 1
         return self.calls >= len(self._plan)
 
-    def medians(self) -> list[float]:
-        """This rank's median seconds per contender."""
-        return [sorted(t)[len(t) // 2] for t in self.times]
+    def scores(self) -> list[float]:
+        """This rank's score per contender: the mean seconds of its best block."""
+        return [min(sum(block) / len(block) for block in blocks) for blocks in self.times]
 
     def winner(self, slowest: list[float]) -> str:
         """The contender with the smallest time in ``slowest`` (every rank's maximum of the
-        medians; ties go to the model's order)."""
+        scores; ties go to the model's order)."""
         return self.contenders[min(range(len(slowest)), key=slowest.__getitem__)]
 
 
@@ -122,7 +131,7 @@ class AutoTuner:
     def __init__(self, max_sizes: int = 256):
         self.max_sizes = max_sizes          # sizes tuned at once; more are not tuned until some finish
         self.trials: dict[int, Trial] = {}
-        self.decided: dict[int, dict[str, float]] = {}   # nbytes -> {contender: agreed median seconds}
+        self.decided: dict[int, dict[str, float]] = {}   # nbytes -> {contender: agreed score, seconds}
 
     def busy(self) -> bool:
         """Too many sizes in flight to start another."""

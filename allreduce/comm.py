@@ -216,8 +216,8 @@ class Communicator:
 
     def _decide(self, trial) -> None:
         """Every rank has made the trial's last call: agree on each contender's slowest rank's
-        median (one tiny MAX allreduce) and keep the fastest for this size."""
-        slowest = np.array(trial.medians(), np.float64)
+        score (one tiny MAX allreduce) and keep the fastest for this size."""
+        slowest = np.array(trial.scores(), np.float64)
         algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
         self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
 

@@ -230,11 +230,16 @@ def run_sweep(args, comm, mpi, b_mem: float, notes: list[str]) -> list[common.Ro
 
 
 def auto_note(comm, sizes: list[int]) -> str:
-    """What ``auto`` ran at each size of the sweep: ``*`` where its tuner timed contenders to pick."""
+    """What ``auto`` ran at each size of the sweep, and where its tuner timed contenders to pick,
+    their scores (us: the best block's mean, slowest rank; allreduce/autotune.py)."""
     decided = comm.tuner.decided if comm.tuner is not None else {}
-    picks = [f"{common.human_size(n)} {comm.auto_picks[n]}{'*' if n in decided else ''}"
-             for n in sizes if n in comm.auto_picks]
-    return "auto ran (* = timed at run time): " + ", ".join(picks)
+    picks = []
+    for n in sizes:
+        if n in comm.auto_picks:
+            scores = decided.get(n)
+            tried = " (" + " ".join(f"{a} {t * 1e6:.0f}" for a, t in scores.items()) + ")" if scores else ""
+            picks.append(f"{common.human_size(n)} {comm.auto_picks[n]}{tried}")
+    return "auto ran (tuner's scores, us): " + ", ".join(picks)
 
 
 def report(args, rows: list[common.Row], header: list[str], notes: list[str]) -> str:

@@ -16,31 +16,32 @@ def test_contenders_are_the_models_best_and_those_within_the_factor_at_most_four
     assert contenders([]) == []
 
 
-def test_trials_cover_about_two_milliseconds_within_bounds():
+def test_trials_cover_about_ten_milliseconds_within_bounds():
     assert trials_for(5e-6) == autotune.MAX_TRIALS          # microsecond calls: many samples
-    assert trials_for(1e-4) == 20
-    assert trials_for(0.02) == autotune.MIN_TRIALS          # milliseconds: four each
+    assert trials_for(5e-4) == 20
+    assert trials_for(0.002) == autotune.MIN_TRIALS         # milliseconds: six each
     assert trials_for(0.0) == autotune.MAX_TRIALS
 
 
-def test_a_trial_runs_each_contender_in_blocks_after_an_untimed_call_and_the_median_decides():
-    assert autotune.ROUNDS == 2
-    trial = Trial(64, ["mpi", "rd"], trials=4)
+def test_a_trial_runs_each_contender_in_blocks_after_an_untimed_call_and_the_best_block_decides():
+    assert autotune.ROUNDS == 3
+    trial = Trial(64, ["mpi", "rd"], trials=6)
     runs = []
-    times = {"mpi": iter([0.9, 0.002, 0.0021, 0.8, 0.0022, 0.5]),     # each block's first: a warm-up
-             "rd": iter([0.7, 0.0019, 0.0018, 0.6, 0.5, 0.0017])}      # ... and a stall
+    times = {"mpi": iter([0.9, 0.002, 0.004, 0.8, 0.003, 0.003, 0.7, 0.009, 0.009]),   # warm-up first
+             "rd": iter([0.7, 0.0019, 0.0023, 0.6, 0.5, 0.5, 0.4, 0.008, 0.008])}     # ... and a spell
     done = False
     while not done:
         name = trial.current()
         runs.append(name)
         done = trial.record(next(times[name]))
-    assert runs == ["mpi"] * 3 + ["rd"] * 3 + ["mpi"] * 3 + ["rd"] * 3
-    assert trial.times == [[0.002, 0.0021, 0.0022, 0.5], [0.0019, 0.0018, 0.5, 0.0017]]
-    assert trial.medians() == [0.0022, 0.0019]
-    assert trial.winner(trial.medians()) == "rd"
+    assert runs == (["mpi"] * 3 + ["rd"] * 3) * 3
+    assert trial.times == [[[0.002, 0.004], [0.003, 0.003], [0.009, 0.009]],
+                           [[0.0019, 0.0023], [0.5, 0.5], [0.008, 0.008]]]
+    assert trial.scores() == [0.003, 0.0021]                 # each one's best block's mean
+    assert trial.winner(trial.scores()) == "rd"
     assert trial.winner([1.0, 1.0]) == "mpi"                 # a tie goes to the model's order
-    odd = Trial(8, ["a", "b", "c"], trials=5)                 # 5 timed calls: two blocks of 3
-    assert [len(t) for t in _run_out(odd)] == [6, 6, 6]
+    odd = Trial(8, ["a", "b", "c"], trials=7)                 # 7 timed calls: three blocks of 3
+    assert [[len(block) for block in blocks] for blocks in _run_out(odd)] == [[3, 3, 3]] * 3
 
 
 def _run_out(trial):

@@ -23,7 +23,7 @@ for nbytes in (8, 4096, 65536, 1 << 20, 16 << 20):
     rows.append(f"{nbytes:>9}  {comm.choose(nbytes):>6}  {calls:>5}  {comm.auto_picks[nbytes]:>6}   {tried}")
 if ar.rank() == 0:
     print(f"{ar.size()} ranks; the model's pick, the calls spent timing, what was kept, "
-          "and each contender's median (us, slowest rank)")
+          "and each contender's best block (mean us, slowest rank)")
     print(f"{'bytes':>9}  {'model':>6}  {'calls':>5}  {'kept':>6}   tried")
     print("\n".join(rows))
 ar.shutdown()
