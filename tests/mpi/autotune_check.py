@@ -51,12 +51,12 @@ def tuned(n: int) -> bool:
 
 last = {}
 a, b = SIZES[0], SIZES[2]
-for _ in range(400):                                            # two sizes tuned side by side
+for _ in range(2000):                                           # two sizes tuned side by side
     if tuned(a) and tuned(b):
         break
     last[a], last[b] = call(a), call(b)
 for n in SIZES:                                                 # the rest one after another
-    for _ in range(400):
+    for _ in range(2000):
         last[n] = call(n)
         if tuned(n):
             break
