@@ -13,6 +13,7 @@ ALLREDUCE_SEGMENT_BYTES            segment_bytes                 262144
 ALLREDUCE_TIMEOUT                  timeout                       30.0
 ALLREDUCE_COSTMODEL                costmodel                     (per machine)
 ALLREDUCE_FAKE_NODE_SIZE           fake_node_size                0 (off)
+ALLREDUCE_SHM_P2P                  shm_p2p                       1 (0 under --mca btl without sm)
 ALLREDUCE_ENGINE                   engine                        1
 ALLREDUCE_CYCLE_TIME               cycle_time (milliseconds)     1.0
 ALLREDUCE_FUSION_THRESHOLD         fusion_threshold (bytes)      134217728
@@ -82,6 +83,7 @@ class Config:
     costmodel: str = ""              #: path of fitted cost-model constants ("" = per machine cache)
     autotune: bool = True            #: auto times the model's best few on each size's first calls (MPI)
     fake_node_size: int = 0          #: pretend nodes hold this many ranks (testing hierarchical)
+    shm_p2p: bool = True             #: one node: small swaps (rd, tree at p = 2) through shared mailboxes
     engine: bool = True              #: start the engine thread in init()
     cycle_time: float = 1.0          #: engine cycle, milliseconds
     fusion_threshold: int = 128 << 20  #: most bytes in one fused allreduce (0: no fusion)
@@ -101,6 +103,7 @@ class Config:
         "costmodel": "ALLREDUCE_COSTMODEL",
         "autotune": "ALLREDUCE_AUTOTUNE",
         "fake_node_size": "ALLREDUCE_FAKE_NODE_SIZE",
+        "shm_p2p": "ALLREDUCE_SHM_P2P",
         "engine": "ALLREDUCE_ENGINE",
         "cycle_time": "ALLREDUCE_CYCLE_TIME",
         "fusion_threshold": "ALLREDUCE_FUSION_THRESHOLD",
@@ -143,6 +146,8 @@ class Config:
         for name, var in cls._ENV.items():
             if var in environ:
                 values[name] = cls._parse(name, var, environ[var], fields[name])
+        if "shm_p2p" not in values and not _btl_shares_memory(environ.get("OMPI_MCA_btl", "")):
+            values["shm_p2p"] = False      # --mca btl tcp,self: the job stands in for separate nodes
         values.update(overrides)
         return cls(**values)
 
@@ -155,6 +160,16 @@ class Config:
             return kind(text)
         except ValueError as exc:
             raise ValueError(f"{var}={text!r} is not a valid {name}: {exc}") from None
+
+
+def _btl_shares_memory(btl: str) -> bool:
+    """Whether Open MPI's ``btl`` selection (``OMPI_MCA_btl``, set by ``--mca btl ...``) lets ranks
+    use shared memory: unset, naming ``sm`` (or its old name ``vader``), or excluding others."""
+    btl = btl.replace(" ", "")
+    if not btl:
+        return True
+    shared = any(name in ("sm", "vader") for name in btl.lstrip("^").split(","))
+    return not shared if btl.startswith("^") else shared
 
 
 #: Every environment variable :meth:`Config.from_env` reads (benchmarks print the ones that are set).

@@ -153,7 +153,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     last = len(steps) - 1
     for k, (peer, lower) in enumerate(steps):                # peer: core rank core ^ 2^k, as a real rank
         comm.mark("exchange", k)
-        comm.sendrecv(mine, peer, other, peer, TAG)          # swap whole buffers with the partner
+        comm.exchange(mine, other, peer, TAG)                # swap whole buffers with the partner
         if lower:
             _reduce(mine, other, op, k == last, p)           # I am lower: my data is dst
         elif (k < last or op != Op.AVERAGE) and kernels.reduce_first_into(mine, other, op):

@@ -51,6 +51,12 @@ D + S - 1 stages per phase::
 One segment (S = 1): 2D alpha + 2D n beta + D n gamma, a latency choice.
 Many segments (S >> D): about 2S alpha + 2 n beta + n gamma, ring's
 bandwidth with only log p latency before the pipeline fills.
+
+At p = 2 both trees are one edge, and each rank is the root of one half:
+one segment is then two swaps (:func:`_pair`), each one ``exchange`` call,
+which on one node goes through the transport's shared-memory mailboxes.
+Two rounds against recursive doubling's one: a tree cannot finish in fewer
+than 2D hand-offs, where rd takes log2 p.
 """
 from __future__ import annotations
 
@@ -199,8 +205,11 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         return
     roles, order, seg_len, nsteps = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
     if nsteps == 1:
-        _one_segment(comm, buf, op, workspace.get("tree.slots", 2 * seg_len, buf.dtype),
-                     _small_plan(buf.size, p, rank))
+        scratch = workspace.get("tree.slots", 2 * seg_len, buf.dtype)
+        if p == 2:
+            _pair(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
+        else:
+            _one_segment(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
         return
     slots = workspace.get("tree.slots", 2 * 2 * DEPTH * seg_len, buf.dtype).reshape(2, 2, DEPTH, seg_len)
     sends: list = []
@@ -272,12 +281,40 @@ def _exchange(comm: Transport, sends: list, recvs: list, tag: int) -> list:
     flight. Exactly one of each is one ``sendrecv``: at p = 2 every phase is, and it costs one call
     into MPI instead of two posts and a wait."""
     if len(sends) == 1 and len(recvs) == 1:
-        comm.sendrecv(sends[0][0], sends[0][1], recvs[0][0], recvs[0][1], tag)
+        if comm.size == 2:          # both ranks swap with each other: the transport's fast swap
+            comm.exchange(sends[0][0], recvs[0][0], sends[0][1], tag)
+        else:
+            comm.sendrecv(sends[0][0], sends[0][1], recvs[0][0], recvs[0][1], tag)
         return []
     posted = [comm.irecv(buf, peer, tag) for buf, peer in recvs]
     flying = [comm.isend(buf, peer, tag) for buf, peer in sends]
     wait_all(comm, posted)
     return flying
+
+
+def _pair(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: _Small) -> None:
+    """:func:`_one_segment` at p = 2, where both trees are one edge between the two ranks: each
+    rank is the root of one half and the leaf of the other, so each phase is one swap::
+
+        reduce:     my leaf half  -> peer      peer's copy of my root half -> slot; mine (op)= slot
+        broadcast:  my finished root half -> peer      peer's finished half -> my leaf half
+
+    The same additions as the general path (the root adds its child's half to its own), in two
+    ``exchange`` calls (the transport's fast swap: shared-memory mailboxes on one node) instead
+    of the general path's lists of sends and receives. With one element, one half is empty and
+    its swaps carry 0 bytes that way."""
+    inner, leaves = plan
+    peer = 1 - comm.rank
+    empty = buf[:0]
+    mine = buf[inner[0]:inner[0] + inner[1]] if inner is not None else empty
+    leaf = buf[leaves[0][0]:leaves[0][0] + leaves[0][1]] if leaves else empty
+    slot = scratch[:mine.size]
+    comm.mark("reduce", 0)
+    comm.exchange(leaf, slot, peer, UP)
+    if inner is not None:
+        kernels.reduce_finish_into(mine, slot, op, 2)               # root of my half: the final value
+    comm.mark("broadcast", 0)
+    comm.exchange(mine, leaf, peer, DOWN)
 
 
 def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: _Small) -> None:

@@ -129,6 +129,9 @@ class TimelineTransport(Transport):
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
         self.inner.sendrecv(sendbuf, dest, recvbuf, source, tag)
 
+    def exchange(self, sendbuf, recvbuf, peer, tag=0):
+        self.inner.exchange(sendbuf, recvbuf, peer, tag)
+
     def wait_all(self, requests):
         self.inner.wait_all(requests)
 

@@ -7,6 +7,12 @@ runs over MPI between processes and over queues between threads.
 Buffers are contiguous 1-D numpy arrays (any dtype); a transport sends their
 bytes. Message order between one pair of ranks on one tag is FIFO, as in
 MPI: the n-th receive posted from a peer matches the n-th send that peer made.
+
+``exchange(sendbuf, recvbuf, peer)`` is the one call both sides must make
+alike: a swap with one peer at the same step (recursive doubling's pairs,
+both ranks at p = 2). It exists so a transport can carry it another way; the
+MPI transport uses shared-memory mailboxes on one node
+(:mod:`allreduce.transport.mailbox`).
 """
 from __future__ import annotations
 
@@ -51,6 +57,13 @@ class Transport(abc.ABC):
         recv = self.irecv(recvbuf, source, tag)
         send = self.isend(sendbuf, dest, tag)
         self.wait_all([recv, send])
+
+    def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, tag: int = 0) -> None:
+        """Swap buffers with ``peer``, which makes the matching ``exchange`` call at the same step
+        (recursive doubling's pairs, any pair at p = 2). It is :meth:`sendrecv` with one peer; a
+        transport may carry it another way, as the MPI transport's shared-memory mailboxes do,
+        so both sides must call ``exchange``, not one of them ``send``/``recv``."""
+        self.sendrecv(sendbuf, peer, recvbuf, peer, tag)
 
     def wait_all(self, requests: Sequence[Request]) -> None:
         for request in requests:

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from ..errors import TransportTimeoutError
 from .base import Transport
+from .mailbox import Mailbox
 
 __all__ = ["MPITransport"]
 
@@ -72,7 +73,9 @@ class MPITransport(Transport):
     """Point-to-point messaging over ``comm`` (default ``COMM_WORLD``)."""
 
     def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True, timeout: float = 30.0,
-                 spins: int = SPINS, max_pause: float = 1e-3):
+                 spins: int = SPINS, max_pause: float = 1e-3, mailbox: bool = False):
+        """``mailbox``: carry small :meth:`exchange` calls through shared memory where every rank
+        shares one node (:mod:`allreduce.transport.mailbox`; collective: built here, at once)."""
         base = MPI.COMM_WORLD if comm is None else comm
         self.comm = base.Dup() if dup else base
         self._owned = dup
@@ -82,6 +85,7 @@ class MPITransport(Transport):
         self.spins = spins
         self.max_pause = max_pause        # the longest sleep between polls once the spin is over
         self._isendrecv = _has_isendrecv()
+        self.mailbox = Mailbox.create(self.comm, timeout=timeout, spins=spins) if mailbox else None
 
     def _wait_slow(self, done, requests) -> None:
         deadline = time.monotonic() + self.timeout
@@ -121,6 +125,27 @@ class MPITransport(Transport):
         self._wait_raw(raws, lambda: [_Request(raws[0], self, source, "receive from"),
                                       _Request(raws[1], self, dest, "send to")])
 
+    def exchange(self, sendbuf, recvbuf, peer, tag=0):
+        # Each direction by its own size: a small one through the mailbox, a large one on MPI.
+        box = self.mailbox
+        if box is not None:
+            limit = box.limit
+            if sendbuf.nbytes <= limit:
+                if recvbuf.nbytes <= limit:
+                    box.put(sendbuf, peer)
+                    box.take(recvbuf, peer)
+                    return
+                request = self.irecv(recvbuf, peer, tag)
+                box.put(sendbuf, peer)
+                request.wait()
+                return
+            if recvbuf.nbytes <= limit:
+                request = self.isend(sendbuf, peer, tag)
+                box.take(recvbuf, peer)
+                request.wait()
+                return
+        self.sendrecv(sendbuf, peer, recvbuf, peer, tag)
+
     def wait_all(self, requests):
         self._wait_raw([r.raw for r in requests], lambda: requests)
 
@@ -138,6 +163,9 @@ class MPITransport(Transport):
         request.wait()
 
     def close(self) -> None:
+        if self.mailbox is not None:
+            self.mailbox.close()
+            self.mailbox = None
         if self._owned and self.comm != MPI.COMM_NULL:
             self.comm.Free()
             self._owned = False
