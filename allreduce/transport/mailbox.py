@@ -35,8 +35,13 @@ Cost: one copy in, one copy out, two counter writes, and the wait for the
 peer: ~0.8 us for 8 bytes and ~1.6 us for 4 KiB against ~1.5 us and ~5.3 us
 for ``MPI_Sendrecv`` on the 2-core VM (``-np 2``, bound to cores, by hand).
 
-Only messages of at most ``limit`` bytes take the mailbox; larger ones, and
-every other call (send, recv, isend, irecv, sendrecv), stay on MPI. Each
+Only messages of at most ``limit`` bytes (``LIMIT``, 32 KiB) take the
+mailbox; larger ones, and every other call (send, recv, isend, irecv,
+sendrecv), stay on MPI. Two copies (in and out) against Open MPI's one
+(from 4 KiB on, the receiver reads the sender's buffer itself, after the
+handshake) break even near 32 KiB: on the 2-core VM an 8 KiB swap took
+2.0 us against 5.0 through MPI, 32 KiB 6.0 against 6.8, 64 KiB 11.4
+against 9.7 (``docs/examples/mailbox_latency.py``, by hand). Each
 direction of an exchange chooses by its own size, and both ends of that
 direction see the same size, so both choose alike. The mailbox exists only
 where every rank of the communicator shares one node and Open MPI may use
@@ -61,7 +66,7 @@ from ..errors import TransportTimeoutError
 
 __all__ = ["Mailbox", "LIMIT"]
 
-LIMIT = 64 << 10            #: largest message a box holds, up to 16 ranks on the node (then less)
+LIMIT = 32 << 10            #: largest message a box holds, up to 16 ranks on the node (then less)
 _LINE = 64
 _SPINS = 2000               #: tight polls first: a peer on another core answers within microseconds
 _YIELDS = 2000              #: then sched_yield: an oversubscribed peer needs this core
@@ -113,7 +118,7 @@ class Mailbox:
             node.Free()
             return None
         if limit is None:
-            limit = LIMIT if size <= 16 else max(4 << 10, (1 << 20) // size)
+            limit = LIMIT if size <= 16 else max(4 << 10, (512 << 10) // size)
         limit = -(-limit // _LINE) * _LINE
         win = MPI.Win.Allocate_shared(size * (2 * _LINE + limit), 1, comm=node)
         win.Lock_all(MPI.MODE_NOCHECK)           # one passive epoch: Win.Sync needs it
