@@ -200,16 +200,18 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         segment_bytes: pipeline segment size; each half is cut into pieces of about this many bytes.
     """
     p, rank = comm.size, comm.rank
+    if p == 2:
+        pair = _pair_plan(buf.size, buf.itemsize, rank, segment_bytes)
+        if pair is not None:                  # small, two ranks: the latency path, two swaps
+            _pair(comm, buf, op, workspace, pair)
+            return
     if p == 1 or buf.size == 0:
         kernels.finish(buf, op, p)
         return
     roles, order, seg_len, nsteps = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
     if nsteps == 1:
         scratch = workspace.get("tree.slots", 2 * seg_len, buf.dtype)
-        if p == 2:
-            _pair(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
-        else:
-            _one_segment(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
+        _one_segment(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
         return
     slots = workspace.get("tree.slots", 2 * 2 * DEPTH * seg_len, buf.dtype).reshape(2, 2, DEPTH, seg_len)
     sends: list = []
@@ -292,7 +294,31 @@ def _exchange(comm: Transport, sends: list, recvs: list, tag: int) -> list:
     return flying
 
 
-def _pair(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: _Small) -> None:
+class _Pair(NamedTuple):
+    """At p = 2 with one segment per half: this rank's root half ``buf[mine_lo:mine_hi]`` (the one
+    it finishes) and its leaf half ``buf[leaf_lo:leaf_hi]`` (the one it hands up and gets back)."""
+    mine_lo: int
+    mine_hi: int
+    leaf_lo: int
+    leaf_hi: int
+
+
+@lru_cache(maxsize=256)
+def _pair_plan(count: int, itemsize: int, rank: int, segment_bytes: int) -> _Pair | None:
+    """:class:`_Pair` for ``count`` elements at p = 2, or None where :func:`_pair` does not apply
+    (nothing to reduce, or a half longer than one segment: the pipeline)."""
+    if count == 0:
+        return None
+    (off0, n0), (off1, n1) = partition.chunks(count, 2)
+    if max(partition.num_segments(n, itemsize, segment_bytes) for n in (n0, n1)) > 1:
+        return None
+    tree0, _ = double_binary_tree(2)       # tree 0 has root 0 and carries the first half
+    if rank == tree0.root:
+        return _Pair(off0, off0 + n0, off1, off1 + n1)
+    return _Pair(off1, off1 + n1, off0, off0 + n0)
+
+
+def _pair(comm: Transport, buf: np.ndarray, op: Op, workspace: Workspace, plan: _Pair) -> None:
     """:func:`_one_segment` at p = 2, where both trees are one edge between the two ranks: each
     rank is the root of one half and the leaf of the other, so each phase is one swap::
 
@@ -302,17 +328,15 @@ def _pair(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: _
     The same additions as the general path (the root adds its child's half to its own), in two
     ``exchange`` calls (the transport's fast swap: shared-memory mailboxes on one node) instead
     of the general path's lists of sends and receives. With one element, one half is empty and
-    its swaps carry 0 bytes that way."""
-    inner, leaves = plan
+    its swaps carry 0 bytes that way. The plan is four cached offsets: at a few microseconds per
+    call, building slices and role tables in Python would cost as much as a swap."""
     peer = 1 - comm.rank
-    empty = buf[:0]
-    mine = buf[inner[0]:inner[0] + inner[1]] if inner is not None else empty
-    leaf = buf[leaves[0][0]:leaves[0][0] + leaves[0][1]] if leaves else empty
-    slot = scratch[:mine.size]
+    mine = buf[plan.mine_lo:plan.mine_hi]
+    leaf = buf[plan.leaf_lo:plan.leaf_hi]
+    slot = workspace.get("tree.slots", mine.size, buf.dtype)
     comm.mark("reduce", 0)
     comm.exchange(leaf, slot, peer, UP)
-    if inner is not None:
-        kernels.reduce_finish_into(mine, slot, op, 2)               # root of my half: the final value
+    kernels.reduce_finish_into(mine, slot, op, 2)                   # root of my half: the final value
     comm.mark("broadcast", 0)
     comm.exchange(mine, leaf, peer, DOWN)
 

@@ -132,8 +132,7 @@ class MPITransport(Transport):
             limit = box.limit
             if sendbuf.nbytes <= limit:
                 if recvbuf.nbytes <= limit:
-                    box.put(sendbuf, peer)
-                    box.take(recvbuf, peer)
+                    box.swap(sendbuf, recvbuf, peer)
                     return
                 request = self.irecv(recvbuf, peer, tag)
                 box.put(sendbuf, peer)
