@@ -73,7 +73,7 @@ QUICK = {  # --quick: the same pipeline in well under a minute, to check the plu
 
 
 # The end-to-end training benchmark: one mpirun per world size, launched by the script itself.
-TRAINING = ("examples/synthetic_benchmark.py", "--scaling 1,2 --compare-mwms --local-baseline --threads 1")
+TRAINING = ("examples/synthetic_benchmark.py", "--scaling 1,2 --rounds 3 --compare-mwms --local-baseline --threads 1")
 SECTIONS = [*SWEEPS, "training"]
 
 
@@ -220,7 +220,10 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
 
 def training_preface(data: dict | None) -> list[str]:
     """What the training section measures, and when and on what it ran."""
-    lines = ["The script runs `mpirun -np 1`, then `mpirun -np 2`, of itself: a small CNN (about 0.3 M "
+    lines = ["The script launches itself with `allreduce-run -np 1`, then `allreduce-run -np 2` (each rank "
+             "bound to a core, Open MPI's default while the ranks fit), three rounds in turn (1, 2, 1, 2, 1, 2); "
+             "every figure in the table is the median over the rounds, since one launch on this VM can run "
+             "10-20% faster or slower than the next. The model: a small CNN (about 0.3 M "
              "parameters) on synthetic 32x32x3 images, batch 32 per rank, Horovod's timing loop (5 warmup "
              "batches, then 5 timings of 10 batches). `--threads 1` gives every rank one TF intra-op and one "
              "inter-op thread, so -np 2 uses the 2 cores and -np 1 one of them (the engine's "
@@ -228,7 +231,7 @@ def training_preface(data: dict | None) -> list[str]:
              "train with tfops (`DistributedGradientTape`), then with "
              "`tf.distribute.MultiWorkerMirroredStrategy` (RING collectives over gRPC on localhost): the same "
              "model, per-rank batch and data, in the same run. The +- is 1.96 standard deviations over the 5 "
-             "timings. Efficiency = total img/s at np / (np x tfops img/s at np 1). `--local-baseline` also times "
+             "timings of a launch. Efficiency = total img/s at np / (np x tfops img/s at np 1). `--local-baseline` also times "
              "the same step with no gradient exchange (each rank trains alone): its efficiency is what two "
              "ranks on this machine can reach at all, with communication costing nothing."]
     machine = (data or {}).get("machine", {})
@@ -286,7 +289,7 @@ def main(argv=None) -> int:
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time()
     skip = {"np4": args.no_np4, "engine": args.no_engine, "engine_tcp": args.no_engine,
             "training": args.no_training or args.quick}
-    notes = ["Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes); "
+    notes = ["Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes: three rounds of launches); "
              "run `python benchmarks/report.py --only training` for it."] if args.quick else []
     names = [n for n in SECTIONS if not skip.get(n) or n in only]
     if args.from_results:

@@ -51,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", help="write the results here (with --scaling: every world size's)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TF intra- and inter-op threads per rank (0: TF's default, all cores)")
-    parser.add_argument("--scaling", help="comma-separated world sizes: run mpirun for each and compare")
+    parser.add_argument("--scaling", help="comma-separated world sizes: launch each and compare")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --scaling: launch the sizes in turn this many times; report medians")
     return parser.parse_args(argv)
 
 
@@ -216,20 +218,32 @@ def summarize(rates, size, label, say) -> dict:
 
 
 def scaling(args, argv) -> None:
-    """Run this script under mpirun for each world size and print the efficiency table."""
+    """Run this script under our launcher for each world size and print the efficiency table.
+
+    With ``--rounds R`` the world sizes are launched in turn R times (1, 2, 1, 2, ...) and every
+    figure is the median over the rounds: on a shared VM one launch can run 10-20% faster or
+    slower than the next, and alternating keeps a slow spell from landing on one size only."""
     sizes = [int(n) for n in args.scaling.split(",")]
-    skip = {"--scaling", "--json"}
+    skip = {"--scaling", "--json", "--rounds"}
     child = [a for i, a in enumerate(argv) if a not in skip and (i == 0 or argv[i - 1] not in skip)]
-    rows = {}
+    launches: dict[int, list[dict]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in sizes:
-            out = os.path.join(tmp, f"np{n}.json")
-            cmd = [shutil.which("mpirun") or "mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                   "-np", str(n), sys.executable, os.path.abspath(__file__), *child, "--json", out]
-            print("$", " ".join(cmd[:8] + [os.path.basename(__file__)] + cmd[9:-2]), flush=True)
-            subprocess.run(cmd, check=True)
-            with open(out) as f:
-                rows[n] = json.load(f)
+        for r in range(args.rounds):
+            for n in sizes:
+                out = os.path.join(tmp, f"np{n}.{r}.json")
+                # allreduce-run: root, oversubscription and binding as a user gets them (bound to
+                # cores while the ranks fit, as Open MPI does by default; unbound beyond that).
+                cmd = [sys.executable, "-m", "allreduce.run", "-np", str(n),
+                       sys.executable, os.path.abspath(__file__), *child, "--json", out]
+                print(f"$ allreduce-run -np {n} python {os.path.basename(__file__)} {' '.join(child)}"
+                      + (f"   # round {r + 1} of {args.rounds}" if args.rounds > 1 else ""), flush=True)
+                subprocess.run(cmd, check=True)
+                with open(out) as f:
+                    launches[n].append(json.load(f))
+    rows = {n: _median_launch(launches[n]) for n in sizes}
+    if args.rounds > 1:
+        print(f"\nper round (total img/s): " + "; ".join(
+            f"np {n}: " + ", ".join(f"{x:.0f}" for x in rows[n]["tfops"]["rounds"]) for n in sizes))
     base = rows[sizes[0]]["tfops"]["total"] / sizes[0]
     local_base = rows[sizes[0]]["local"]["total"] / sizes[0] if "local" in rows[sizes[0]] else None
     print(f"\n{'np':>3} {'tfops img/s':>12} {'efficiency':>10} {'MWMS img/s':>11} {'efficiency':>10}"
@@ -246,11 +260,24 @@ def scaling(args, argv) -> None:
     if local_base:
         print("(alone = the same step with no gradient exchange, each rank on its own: the efficiency "
               "ceiling of this machine for any data-parallel library)")
+    if args.rounds > 1:
+        print(f"(every figure: the median of {args.rounds} rounds of launches, the sizes alternating)")
     print(f"(efficiency = total img/s / (np * img/s of tfops at np={sizes[0]}); "
           f"command: python {os.path.relpath(__file__)} {' '.join(argv)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"argv": argv, "sizes": sizes, "runs": {str(n): rows[n] for n in sizes}}, f, indent=1)
+
+
+def _median_launch(runs: list[dict]) -> dict:
+    """One world size's launches as one record: each method's figures are the medians over them."""
+    import numpy as np
+    row = dict(runs[0])
+    for key in ("tfops", "local", "mwms"):
+        if all(key in r for r in runs):
+            row[key] = {field: float(np.median([r[key][field] for r in runs])) for field in runs[0][key]}
+            row[key]["rounds"] = [r[key]["total"] for r in runs]
+    return row
 
 
 def main(argv=None) -> None:

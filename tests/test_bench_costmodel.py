@@ -215,3 +215,24 @@ def test_the_engine_chooses_for_cold_data():
         assert engine.comm.cold is True
     finally:
         engine.shutdown()
+
+
+def test_scaling_rounds_report_each_methods_median_launch():
+    """--scaling --rounds: a world size's launches become one record of medians, which goals.py reads."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "synthetic_benchmark.py"
+    spec = importlib.util.spec_from_file_location("synthetic_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)                       # no TensorFlow at import time
+    launches = [{"np": 2, "tfops": {"per_rank": t / 2, "total": t, "conf": c}, "local": {"per_rank": 1, "total": 2.0, "conf": 0}}
+                for t, c in ((180.0, 3.0), (100.0, 9.0), (190.0, 1.0))]
+    launches[1]["mwms"] = {"per_rank": 1, "total": 2.0, "conf": 0}   # only in one launch: left out
+    row = bench._median_launch(launches)
+    assert row["tfops"]["total"] == 180.0 and row["tfops"]["per_rank"] == 90.0 and row["tfops"]["conf"] == 3.0
+    assert row["tfops"]["rounds"] == [180.0, 100.0, 190.0]
+    assert "mwms" not in row and row["local"]["total"] == 2.0
+    base = bench._median_launch([{"np": 1, "tfops": {"per_rank": v, "total": v, "conf": 0}} for v in (100.0, 90.0, 95.0)])
+    assert goals.training_ratios({"runs": {"1": base, "2": row}})["efficiency"] == pytest.approx(180 / 190)
+    args = bench.parse_args(["--scaling", "1,2", "--rounds", "3"])
+    assert args.rounds == 3 and args.scaling == "1,2"
