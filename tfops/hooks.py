@@ -31,13 +31,15 @@ started before backprop submitted its last gradient (8 of 10 on 2 ranks of a
 
 Sparse gradients (embeddings) are allgathered in ``wait`` unless
 ``sparse_as_dense=True``. Each hooked variable must be used by one
-``forward()`` per ``wait``.
+``forward()`` per ``wait``. On a single rank the hooks stand aside: the
+forward pass is unhooked and ``wait`` returns the gradients as they are.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 
+import allreduce as ar
 import keras
 import numpy as np
 import tensorflow as tf
@@ -69,7 +71,14 @@ class GradientHooks:
 
     @contextlib.contextmanager
     def forward(self):
-        """Context for the forward pass: trainable variables are read through the hooks."""
+        """Context for the forward pass: trainable variables are read through the hooks.
+
+        On one rank there is nothing to reduce, and the forward pass runs unhooked: reducing over
+        one rank is the identity, so single-process training runs at full speed (the tape and the
+        optimizer skip the engine there too, as Horovod does)."""
+        if ar.size() == 1:
+            yield
+            return
         variables = list(self.model.trainable_variables)
         names = gradient_names("hooks", len(variables))
         mapping = [(v, self._hook(tf.convert_to_tensor(v), n)) for v, n in zip(variables, names)]
@@ -130,6 +139,8 @@ class GradientHooks:
         names = gradient_names("hooks", len(self.model.trainable_variables))
         if len(grads) != len(names):
             raise ValueError(f"wait() needs one gradient per trainable variable ({len(names)}), got {len(grads)}")
+        if ar.size() == 1:
+            return grads                       # forward() ran unhooked: the gradients are the result
         out = list(grads)
         dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
         for i, g in enumerate(grads):

@@ -147,6 +147,26 @@ try:
 except ValueError as exc:
     assert "Sum, Average, Min or Max" in str(exc)
 
+# GradientHooks: the average of every rank's gradients; on one rank the hooks stand aside (no
+# submit at all) and hand back exactly the plain tape's gradients.
+hook_model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+hook_x = tf.constant(np.random.default_rng(me).random((4, 3), np.float32))
+hooks = tfops.GradientHooks(hook_model)
+with tf.GradientTape() as tape:
+    with hooks.forward():
+        hook_loss = tf.reduce_sum(hook_model(hook_x) ** 2)
+raw = tape.gradient(hook_loss, hook_model.trainable_variables)
+hooked = hooks.wait(raw)
+with tf.GradientTape() as tape:
+    plain_loss = tf.reduce_sum(hook_model(hook_x) ** 2)
+plain = tape.gradient(plain_loss, hook_model.trainable_variables)
+for h, r, g in zip(hooked, raw, plain):
+    expect = g.numpy() if p == 1 else tfops.allreduce(g, op=tfops.Average).numpy()
+    np.testing.assert_allclose(h.numpy(), expect, rtol=1e-5, atol=1e-6)
+    if p == 1:
+        assert h is r, "one rank: the hooks must return the tape's own gradients"
+assert not hooks._handles, hooks._handles
+
 if p > 1:
     # Same name, different shapes: the engine's MismatchError on every rank, eager and in a graph.
     bad = tf.zeros([me + 1])
