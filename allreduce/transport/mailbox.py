@@ -158,32 +158,6 @@ class Mailbox:
             _bytes(buf)[:] = data[:n]
         ack[0] = self._recvd[peer] = want
 
-    def swap(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int) -> None:
-        """:meth:`put` ``sendbuf`` to ``peer``, then :meth:`take` ``recvbuf`` from it: one exchange,
-        which ``peer`` makes too. The same steps as the two calls, inlined: at a microsecond per
-        exchange, a Python call and its lookups are a tenth of the cost."""
-        seq, ack, data = self._out[peer]
-        sent = self._sent[peer]
-        if ack[0] < sent:
-            self._wait(ack, sent, peer, "send to")
-        n = sendbuf.nbytes
-        if n:
-            data[:n] = _bytes(sendbuf)
-        fence = self._fence
-        if fence is not None:
-            fence()
-        seq[0] = self._sent[peer] = sent + 1
-        seq, ack, data = self._in[peer]
-        want = self._recvd[peer] + 1
-        if seq[0] < want:
-            self._wait(seq, want, peer, "receive from")
-        if fence is not None:
-            fence()
-        n = recvbuf.nbytes
-        if n:
-            _bytes(recvbuf)[:] = data[:n]
-        ack[0] = self._recvd[peer] = want
-
     def _wait(self, counter, value: int, peer: int, what: str) -> None:
         fence = self._fence
         for _ in range(self._spins):

@@ -132,7 +132,8 @@ class MPITransport(Transport):
             limit = box.limit
             if sendbuf.nbytes <= limit:
                 if recvbuf.nbytes <= limit:
-                    box.swap(sendbuf, recvbuf, peer)
+                    box.put(sendbuf, peer)
+                    box.take(recvbuf, peer)
                     return
                 request = self.irecv(recvbuf, peer, tag)
                 box.put(sendbuf, peer)
