@@ -73,7 +73,9 @@ QUICK = {  # --quick: the same pipeline in well under a minute, to check the plu
 
 
 # The end-to-end training benchmark: one mpirun per world size, launched by the script itself.
-TRAINING = ("examples/synthetic_benchmark.py", "--scaling 1,2 --rounds 3 --compare-mwms --local-baseline --threads 1")
+TRAINING_ROUNDS = 3   # launches per world size, alternating; the table shows medians
+TRAINING = ("examples/synthetic_benchmark.py",
+            f"--scaling 1,2 --rounds {TRAINING_ROUNDS} --compare-mwms --local-baseline --threads 1")
 SECTIONS = [*SWEEPS, "training"]
 
 
@@ -221,7 +223,7 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
 def training_preface(data: dict | None) -> list[str]:
     """What the training section measures, and when and on what it ran."""
     lines = ["The script launches itself with `allreduce-run -np 1`, then `allreduce-run -np 2` (each rank "
-             "bound to a core, Open MPI's default while the ranks fit), three rounds in turn (1, 2, 1, 2, 1, 2); "
+             f"bound to a core, Open MPI's default while the ranks fit), {TRAINING_ROUNDS} rounds in turn (1, 2, 1, 2, ...); "
              "every figure in the table is the median over the rounds, since one launch on this VM can run "
              "10-20% faster or slower than the next. The model: a small CNN (about 0.3 M "
              "parameters) on synthetic 32x32x3 images, batch 32 per rank, Horovod's timing loop (5 warmup "
@@ -289,7 +291,7 @@ def main(argv=None) -> int:
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time()
     skip = {"np4": args.no_np4, "engine": args.no_engine, "engine_tcp": args.no_engine,
             "training": args.no_training or args.quick}
-    notes = ["Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes: three rounds of launches); "
+    notes = [f"Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes: {TRAINING_ROUNDS} rounds of launches); "
              "run `python benchmarks/report.py --only training` for it."] if args.quick else []
     names = [n for n in SECTIONS if not skip.get(n) or n in only]
     if args.from_results:

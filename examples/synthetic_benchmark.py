@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -242,7 +241,7 @@ def scaling(args, argv) -> None:
                     launches[n].append(json.load(f))
     rows = {n: _median_launch(launches[n]) for n in sizes}
     if args.rounds > 1:
-        print(f"\nper round (total img/s): " + "; ".join(
+        print("\nper round (total img/s): " + "; ".join(
             f"np {n}: " + ", ".join(f"{x:.0f}" for x in rows[n]["tfops"]["rounds"]) for n in sizes))
     base = rows[sizes[0]]["tfops"]["total"] / sizes[0]
     local_base = rows[sizes[0]]["local"]["total"] / sizes[0] if "local" in rows[sizes[0]] else None
