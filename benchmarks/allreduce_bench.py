@@ -58,14 +58,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "50x) for fast ones (0 = always -n)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="time the -n block this many times, round-robin; each rank keeps its fastest")
+    parser.add_argument("--warmup-seconds", type=float, default=0.5,
+                        help="before the first size, run every algorithm round-robin on it for about "
+                             "this long (nccl-tests' one warm-up at the start; 0: none)")
     parser.add_argument("--membw-mib", type=int, default=256, help="copy size for B_mem (MiB)")
     parser.add_argument("--cold", type=int, default=0, metavar="MIB",
                         help="rotate the timed calls over distinct input buffers spanning MIB MiB, so no "
                              "call finds its data in the cache (gradients of a large model); 0: one "
                              "buffer, as nccl-tests and OSU time it")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup_iters < 0 or args.repeats < 1:
-        parser.error("-n and --repeats must be >= 1, -w >= 0")
+    if args.iters < 1 or args.warmup_iters < 0 or args.repeats < 1 or args.warmup_seconds < 0:
+        parser.error("-n and --repeats must be >= 1, -w and --warmup-seconds >= 0")
     args.sizes = common.size_list(args.minbytes, args.maxbytes, args.stepfactor)
     default = DEFAULT_ALGORITHMS if args.collective == "allreduce" else DEFAULT_OTHER
     args.algorithm_list = [a.strip() for a in (args.algorithms or default).split(",") if a.strip()]
@@ -148,6 +151,30 @@ def warm_up(run, xs: list[np.ndarray], args, mpi) -> int:
     return max(1, min(FILL * args.iters, int(args.budget / args.repeats / max(per, 1e-9))))
 
 
+def warm_up_sweep(runners: dict, xs: list[np.ndarray], seconds: float, mpi) -> int:
+    """Run every runner round-robin on the first size for about ``seconds``; return the rounds run.
+
+    The first row of a sweep otherwise runs right after the 256 MiB B_mem copy and the metadata
+    check's timing, with the caches, the branch predictors and the core's clock set for them:
+    by hand, rd and tree's 8 B row came out 1.5x slower than the same size timed later in the
+    same run, in every run. nccl-tests likewise warms up once before its first size. The rounds
+    are agreed over the ranks (the slowest rank's round time), since every call is collective.
+    """
+    if seconds <= 0 or not runners:
+        return 0
+    for run in runners.values():   # the first calls compile and allocate: not a round's time
+        run(xs[0])
+    start = time.perf_counter()
+    for run in runners.values():
+        run(xs[0])
+    per = mpi.allreduce(time.perf_counter() - start, op=_max())
+    rounds = max(0, int(seconds / max(per, 1e-9)) - 1)
+    for i in range(rounds):
+        for run in runners.values():
+            run(xs[i % len(xs)])
+    return rounds + 2
+
+
 def time_block(run, xs: list[np.ndarray], iters: int, mpi) -> float:
     """Barrier, then this rank's mean seconds over ``iters`` back-to-back calls (nccl-tests' timing),
     round-robin over the inputs ``xs`` (one, unless --cold)."""
@@ -209,6 +236,10 @@ def run_sweep(args, comm, mpi, b_mem: float, notes: list[str]) -> list[common.Ro
     ctx = Context(comm=comm, mpi_comm=mpi, collective=args.collective, dtype=dtype, op=args.op)
     runners = make_runners(args.algorithm_list, ctx, notes)
     rows = []
+    if args.sizes:
+        _, first_in = checks.counts(args.sizes[0], dtype, args.collective, p)
+        _progress(rank, f"warming up for {args.warmup_seconds:g} s on the first size")
+        warm_up_sweep(runners, timing_inputs(first_in, dtype, args), args.warmup_seconds, mpi)
     for size in args.sizes:
         count, in_count = checks.counts(size, dtype, args.collective, p)
         nbytes = count * dtype.itemsize
@@ -284,7 +315,9 @@ def main(argv=None) -> int:
         f" (busbw {bound * common.bus_factor('allreduce', p) / 1e9:.3f} GB/s); %bound = algbw / bound;"
         " a DRAM bound: messages that stay in cache can pass it",
         f"# metadata check (check=True) adds {check_us:.1f} us per collective call; rows below use check=False",
-        f"# time = slowest rank's mean over -n {args.iters} calls after -w {args.warmup_iters} warmup"
+        (f"# every algorithm first runs round-robin on the first size for {args.warmup_seconds:g} s; "
+         if args.warmup_seconds else "# ")
+        + f"time = slowest rank's mean over -n {args.iters} calls after -w {args.warmup_iters} warmup"
         + (f" (with --budget {args.budget:g} s per row: fewer for slow rows, up to {FILL}x more for fast ones)"
            if args.budget else "")
         + (f"; best of --repeats {args.repeats} such blocks per rank, round-robin over the algorithms"

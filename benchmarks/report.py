@@ -47,7 +47,7 @@ RESULTS = ROOT / "benchmarks" / "results"   # --quick points this at a temporary
 SWEEPS = {  # name: (ranks, script, arguments)
     "np2": (2, "allreduce_bench.py", "-b 16 -e 64M -f 4 -n 20 -w 5 --repeats 3 --budget 0.6 -c "
                                      "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo,horovod"),
-    "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 2 -n 50 -w 10 --repeats 5 --budget 0.3 "
+    "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 2 -n 50 -w 10 --repeats 20 --budget 0.3 "
                                          "--algorithms rd,tree,rhd,ring,mpi,mpi4py,gloo"),
     "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 3 --budget 0.45 -c "
                                      "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo"),

@@ -179,3 +179,22 @@ def test_time_size_round_robin_keeps_fastest_block(monkeypatch):
     got = allreduce_bench.time_size({"a": runner("a"), "b": runner("b")}, np.zeros(1), args, OneRank())
     assert got == {"a": ([1.0], 2), "b": ([2.0], 2)}
     assert "".join(calls) == "aabb" + "aabb" * 3        # a priming call + -w 1 warmup each, then round-robin blocks of -n 2
+
+
+def test_sweep_warm_up_runs_every_algorithm_alike():
+    """The one warm-up before the first size: every runner the same number of times (each call is a
+    collective: the ranks agree on the rounds), round-robin; 0 seconds runs nothing."""
+    from benchmarks import allreduce_bench
+
+    class OneRank:
+        def allreduce(self, value, op=None):
+            return value
+
+    calls = []
+    runners = {name: (lambda x, name=name: calls.append(name)) for name in "abc"}
+    assert allreduce_bench.warm_up_sweep(runners, [np.zeros(1)], 0.0, OneRank()) == 0 and calls == []
+    rounds = allreduce_bench.warm_up_sweep(runners, [np.zeros(1)], 0.01, OneRank())
+    assert rounds >= 2 and calls == list("abc") * rounds
+    assert allreduce_bench.parse_args(["--warmup-seconds", "0"]).warmup_seconds == 0
+    with pytest.raises(SystemExit):
+        allreduce_bench.parse_args(["--warmup-seconds", "-1"])

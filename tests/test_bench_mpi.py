@@ -16,7 +16,7 @@ from tests.harness import ROOT, mpirun
 pytestmark = pytest.mark.mpi
 
 BENCH = ROOT / "benchmarks" / "allreduce_bench.py"
-QUICK = ("-n", "2", "-w", "1", "--membw-mib", "4")
+QUICK = ("-n", "2", "-w", "1", "--membw-mib", "4", "--warmup-seconds", "0.05")
 KEYS = {"collective", "size_bytes", "count", "dtype", "op", "algorithm", "ranks", "time_us", "algbw_gbps",
         "busbw_gbps", "wrong"}
 

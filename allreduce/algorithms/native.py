@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .. import kernels
 from ..buffers import Workspace
-from ..ops import Op, bfloat16
+from ..ops import Average, Op, Sum, bfloat16
 from ..transport.base import Transport
 
 __all__ = ["allreduce"]
@@ -39,7 +39,7 @@ def _user_op(dtype: np.dtype, op: Op) -> MPI.Op:
     """A commutative MPI user op that reduces ``dtype`` with our own kernel."""
     key = (dtype.name, op)
     if key not in _HALF_OPS:
-        code = Op.SUM if op == Op.AVERAGE else op
+        code = Sum if op == Average else op
 
         def reduce(inbuf, inoutbuf, datatype):
             src = np.frombuffer(inbuf, dtype=dtype)

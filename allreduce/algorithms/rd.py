@@ -54,7 +54,7 @@ import numpy as np
 
 from .. import kernels
 from ..buffers import Workspace
-from ..ops import Op
+from ..ops import Average, Op
 from ..transport.base import Transport
 
 __all__ = ["allreduce", "core_layout", "exchange_peers"]
@@ -156,7 +156,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         comm.exchange(mine, other, peer, TAG)                # swap whole buffers with the partner
         if lower:
             _reduce(mine, other, op, k == last, p)           # I am lower: my data is dst
-        elif (k < last or op != Op.AVERAGE) and kernels.reduce_first_into(mine, other, op):
+        elif (k < last or op != Average) and kernels.reduce_first_into(mine, other, op):
             pass                                             # mine = other (op) mine: no swap, no copy
         else:
             _reduce(other, mine, op, k == last, p)           # partner is lower: its data is dst

@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import kernels, partition
 from ..buffers import Pieces, Workspace, parts
-from ..ops import Op
+from ..ops import Average, Op, Sum
 from ..transport import shared
 from ..transport.base import Transport
 
@@ -102,8 +102,8 @@ def reduce_slice(seg: shared.SharedSegment, window, slices, base: int, posted: i
     p, me = seg.size, seg.rank
     off, n = slices[me]
     mine = parts(window, off, off + n)
-    if not finish_nranks and op == Op.AVERAGE:
-        op, finish_nranks = Op.SUM, 1                          # a plain sum: no divide in the last pass
+    if not finish_nranks and op == Average:
+        op, finish_nranks = Sum, 1                          # a plain sum: no divide in the last pass
     for i in range(1, p):
         peer = (me + i) % p
         seg.wait(peer, posted)                                 # wait for the peer's copy-in

@@ -330,10 +330,11 @@ def _pair(comm: Transport, buf: np.ndarray, op: Op, workspace: Workspace, plan: 
     of the general path's lists of sends and receives. With one element, one half is empty and
     its swaps carry 0 bytes that way. The plan is four cached offsets: at a few microseconds per
     call, building slices and role tables in Python would cost as much as a swap."""
+    mine_lo, mine_hi, leaf_lo, leaf_hi = plan       # one unpack: a named field read is a call each
     peer = 1 - comm.rank
-    mine = buf[plan.mine_lo:plan.mine_hi]
-    leaf = buf[plan.leaf_lo:plan.leaf_hi]
-    slot = workspace.get("tree.slots", mine.size, buf.dtype)
+    mine = buf[mine_lo:mine_hi]
+    leaf = buf[leaf_lo:leaf_hi]
+    slot = workspace.get("tree.slots", mine_hi - mine_lo, buf.dtype)
     comm.mark("reduce", 0)
     comm.exchange(leaf, slot, peer, UP)
     kernels.reduce_finish_into(mine, slot, op, 2)                   # root of my half: the final value
