@@ -42,10 +42,12 @@ def training_ratios(data: dict, np_: int = 2) -> dict[str, float | None]:
     row = runs.get(str(np_), {})
     tfops, mwms = row.get("tfops", {}).get("total"), row.get("mwms", {}).get("total")
     local, local_base = row.get("local", {}).get("total"), runs[str(base_n)].get("local", {}).get("total")
+    barrier = row.get("barrier", {}).get("total")
     return {"vs_mwms": tfops / mwms if tfops and mwms else None,
             "efficiency": tfops / (np_ * base) if tfops and base > 0 else None,
             "mwms_efficiency": mwms / (np_ * base) if mwms and base > 0 else None,
-            "local_efficiency": local / (np_ * local_base / base_n) if local and local_base else None}
+            "local_efficiency": local / (np_ * local_base / base_n) if local and local_base else None,
+            "barrier_efficiency": barrier / (np_ * base) if barrier and base > 0 else None}
 
 
 def _load(data: dict) -> tuple[float, int]:
@@ -234,5 +236,9 @@ def training_goals(data: dict) -> list[str]:
                         if r["mwms_efficiency"] is not None else "")
                      + (f" The same step with no gradient exchange at all (every rank training alone) "
                         f"scales by {r['local_efficiency']:.0%} on this machine: that is the ceiling for any "
-                        "data-parallel library here." if r.get("local_efficiency") is not None else ""))
+                        "data-parallel library here." if r.get("local_efficiency") is not None else "")
+                     + (f" The same step with only a barrier where the exchange goes (the ranks wait for "
+                        f"each other, no data moves), against the same -np 1 baseline: "
+                        f"{r['barrier_efficiency']:.0%}: what synchronising costs before any byte moves."
+                        if r.get("barrier_efficiency") is not None else ""))
     return lines

@@ -45,13 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"   # --quick points this at a temporary folder: never over real results
 
 SWEEPS = {  # name: (ranks, script, arguments)
-    "np2": (2, "allreduce_bench.py", "-b 16 -e 64M -f 4 -n 20 -w 5 --repeats 3 --budget 0.6 -c "
+    "np2": (2, "allreduce_bench.py", "-b 16 -e 64M -f 4 -n 20 -w 5 --repeats 8 --budget 0.6 -c "
                                      "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo,horovod"),
     "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 2 -n 50 -w 10 --repeats 20 --budget 0.3 "
                                          "--algorithms rd,tree,rhd,ring,mpi,mpi4py,gloo"),
-    "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 3 --budget 0.45 -c "
+    "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 8 --budget 0.45 -c "
                                      "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo"),
-    "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 3 --budget 0.6 -c --cold 256 "
+    "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 8 --budget 0.6 -c --cold 256 "
                                          "--algorithms ring,rhd,shm,auto,mpi"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3"),
     "engine_tcp": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3 --modes fusion,compression"),
@@ -75,7 +75,8 @@ QUICK = {  # --quick: the same pipeline in well under a minute, to check the plu
 # The end-to-end training benchmark: one mpirun per world size, launched by the script itself.
 TRAINING_ROUNDS = 3   # launches per world size, alternating; the table shows medians
 TRAINING = ("examples/synthetic_benchmark.py",
-            f"--scaling 1,2 --rounds {TRAINING_ROUNDS} --compare-mwms --local-baseline --threads 1")
+            f"--scaling 1,2 --rounds {TRAINING_ROUNDS} --compare-mwms --local-baseline --barrier-baseline "
+            "--threads 1")
 SECTIONS = [*SWEEPS, "training"]
 
 
@@ -235,7 +236,10 @@ def training_preface(data: dict | None) -> list[str]:
              "model, per-rank batch and data, in the same run. The +- is 1.96 standard deviations over the 5 "
              "timings of a launch. Efficiency = total img/s at np / (np x tfops img/s at np 1). `--local-baseline` also times "
              "the same step with no gradient exchange (each rank trains alone): its efficiency is what two "
-             "ranks on this machine can reach at all, with communication costing nothing."]
+             "ranks on this machine can reach at all, with communication costing nothing. `--barrier-baseline` "
+             "times the same step with only a barrier where the exchange goes (one `numpy_function` over the "
+             "gradients that waits for every rank and returns them): what keeping the ranks in step costs "
+             "any synchronous library, before it moves a byte."]
     machine = (data or {}).get("machine", {})
     if machine:
         tf_version = machine.get("tensorflow") or machine.get("tensorflow-cpu") or "?"

@@ -47,6 +47,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--local-baseline", action="store_true",
                         help="also time the same step with no gradient exchange at all: every rank trains "
                              "alone, so its efficiency is this machine's ceiling for any data-parallel library")
+    parser.add_argument("--barrier-baseline", action="store_true",
+                        help="also time the same step with a barrier where the gradient exchange goes (one "
+                             "numpy_function over the gradients that only waits for every rank): what any "
+                             "synchronous data-parallel library pays before it moves a byte")
     parser.add_argument("--json", help="write the results here (with --scaling: every world size's)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TF intra- and inter-op threads per rank (0: TF's default, all cores)")
@@ -167,6 +171,27 @@ def run(args) -> dict:
         say("No gradient exchange (every rank alone), same model and per-rank batch:")
         result["local"] = summarize(time_steps(local_step, args, say), size, "local", say)
 
+    if args.barrier_baseline:
+        barrier_opt = keras.optimizers.SGD(0.01)
+        barrier_opt.build(model.trainable_variables)
+
+        def wait_for_all(*arrays):                 # the exchange's place in the step, moving nothing
+            ar.barrier()
+            return list(arrays)
+
+        @tf.function
+        def barrier_step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(target, model(data, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            synced = tf.numpy_function(wait_for_all, grads, [g.dtype for g in grads], stateful=True)
+            for g, s in zip(grads, synced):
+                s.set_shape(g.shape)
+            barrier_opt.apply(synced, model.trainable_variables)
+
+        say("A barrier instead of the gradient exchange (every rank waits for all, no data moves):")
+        result["barrier"] = summarize(time_steps(barrier_step, args, say), size, "barrier", say)
+
     if strategy is not None:
         with strategy.scope():
             mw_model, mw_opt = build_model(args), keras.optimizers.SGD(0.01)
@@ -245,8 +270,10 @@ def scaling(args, argv) -> None:
             f"np {n}: " + ", ".join(f"{x:.0f}" for x in rows[n]["tfops"]["rounds"]) for n in sizes))
     base = rows[sizes[0]]["tfops"]["total"] / sizes[0]
     local_base = rows[sizes[0]]["local"]["total"] / sizes[0] if "local" in rows[sizes[0]] else None
+    barrier_base = rows[sizes[0]]["barrier"]["total"] / sizes[0] if "barrier" in rows[sizes[0]] else None
     print(f"\n{'np':>3} {'tfops img/s':>12} {'efficiency':>10} {'MWMS img/s':>11} {'efficiency':>10}"
-          + (f" {'alone img/s':>12} {'efficiency':>10}" if local_base else ""))
+          + (f" {'alone img/s':>12} {'efficiency':>10}" if local_base else "")
+          + (f" {'barrier img/s':>13} {'efficiency':>10}" if barrier_base else ""))
     for n in sizes:
         line = f"{n:>3} {rows[n]['tfops']['total']:>12.1f} {rows[n]['tfops']['total'] / (n * base):>10.0%}"
         if "mwms" in rows[n]:
@@ -255,10 +282,17 @@ def scaling(args, argv) -> None:
             line += f" {'-':>11} {'-':>10}"
         if local_base and "local" in rows[n]:
             line += f" {rows[n]['local']['total']:>12.1f} {rows[n]['local']['total'] / (n * local_base):>10.0%}"
+        elif local_base:
+            line += f" {'-':>12} {'-':>10}"
+        if barrier_base and "barrier" in rows[n]:
+            line += f" {rows[n]['barrier']['total']:>13.1f} {rows[n]['barrier']['total'] / (n * base):>10.0%}"
         print(line)
     if local_base:
         print("(alone = the same step with no gradient exchange, each rank on its own: the efficiency "
               "ceiling of this machine for any data-parallel library)")
+    if barrier_base:
+        print("(barrier = the same step with a barrier where the exchange goes, against the same tfops "
+              "baseline: what synchronising the ranks costs before any data moves)")
     if args.rounds > 1:
         print(f"(every figure: the median of {args.rounds} rounds of launches, the sizes alternating)")
     print(f"(efficiency = total img/s / (np * img/s of tfops at np={sizes[0]}); "
@@ -272,7 +306,7 @@ def _median_launch(runs: list[dict]) -> dict:
     """One world size's launches as one record: each method's figures are the medians over them."""
     import numpy as np
     row = dict(runs[0])
-    for key in ("tfops", "local", "mwms"):
+    for key in ("tfops", "local", "barrier", "mwms"):
         if all(key in r for r in runs):
             row[key] = {field: float(np.median([r[key][field] for r in runs])) for field in runs[0][key]}
             row[key]["rounds"] = [r[key]["total"] for r in runs]

@@ -116,6 +116,11 @@ def test_report_training_ratios_and_goals():
     text = "\n".join(goals.training_goals(data))
     assert "not measured in this run" in text and "**75%** (goal >= 90%): **not met**." in text
     assert "Caution" in text
+    data["runs"]["2"]["barrier"] = {"total": 160.0, "conf": 1.0}   # a barrier in the exchange's place
+    r = goals.training_ratios(data)
+    assert r["barrier_efficiency"] == pytest.approx(0.8)
+    assert "only a barrier where the exchange goes" in "\n".join(goals.training_goals(data)) and "80%" in \
+        "\n".join(goals.training_goals(data))
 
 
 def test_measured_table_decides_for_measured_world_sizes(tmp_path):
@@ -231,8 +236,8 @@ def test_scaling_rounds_report_each_methods_median_launch():
     row = bench._median_launch(launches)
     assert row["tfops"]["total"] == 180.0 and row["tfops"]["per_rank"] == 90.0 and row["tfops"]["conf"] == 3.0
     assert row["tfops"]["rounds"] == [180.0, 100.0, 190.0]
-    assert "mwms" not in row and row["local"]["total"] == 2.0
+    assert "mwms" not in row and row["local"]["total"] == 2.0 and "barrier" not in row
     base = bench._median_launch([{"np": 1, "tfops": {"per_rank": v, "total": v, "conf": 0}} for v in (100.0, 90.0, 95.0)])
     assert goals.training_ratios({"runs": {"1": base, "2": row}})["efficiency"] == pytest.approx(180 / 190)
-    args = bench.parse_args(["--scaling", "1,2", "--rounds", "3"])
-    assert args.rounds == 3 and args.scaling == "1,2"
+    args = bench.parse_args(["--scaling", "1,2", "--rounds", "3", "--barrier-baseline"])
+    assert args.rounds == 3 and args.scaling == "1,2" and args.barrier_baseline
