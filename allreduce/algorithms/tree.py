@@ -23,7 +23,7 @@ Tree 0 is the in-order binary tree on rank numbers: a rank's level is its
 lowest set bit (odd ranks are leaves), and rank 0 is a root with one child.
 For even p, tree 1 is its mirror, which swaps odd and even ranks. For odd
 p both trees are built on the first p - 1 ranks, and the last rank is hung
-under each root as a leaf. See :func:`double_binary_tree`.
+under each root as a leaf. The construction lives in :mod:`.binary_tree`.
 
 Steps, on both trees at once (nonblocking posts, distinct tags per tree):
 
@@ -60,7 +60,6 @@ than 2D hand-offs, where rd takes log2 p.
 """
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -68,94 +67,15 @@ import numpy as np
 
 from .. import kernels, partition
 from ..buffers import Workspace
-from ..errors import InvalidArgumentError
 from ..ops import Op
 from ..transport.base import Transport, wait_all
+from .binary_tree import Tree, double_binary_tree
 
 __all__ = ["allreduce", "double_binary_tree", "Tree"]
 
 TAG = 20     # tree t reduces on TAG + 2t and broadcasts on TAG + 2t + 1
 UP, DOWN = TAG + 4, TAG + 5   # the one-segment path's two phases (see _one_segment)
 DEPTH = 2    # receive slots in flight per child: one being reduced, one arriving
-
-
-@dataclasses.dataclass(frozen=True)
-class Tree:
-    """A rooted tree over ranks ``0..p-1``.
-
-    Attributes:
-        root: the rank with no parent.
-        parent: ``parent[r]`` is rank r's parent, -1 for the root.
-        children: ``children[r]`` is the sorted tuple of rank r's children (at most 2).
-    """
-
-    root: int
-    parent: tuple[int, ...]
-    children: tuple[tuple[int, ...], ...]
-
-    def interior(self) -> frozenset[int]:
-        """The ranks that have children (they receive and reduce)."""
-        return frozenset(r for r, kids in enumerate(self.children) if kids)
-
-    def depth(self) -> int:
-        """Edges on the longest path from the root down to a leaf."""
-        def height(r: int) -> int:
-            return 1 + max(map(height, self.children[r])) if self.children[r] else 0
-        return height(self.root)
-
-
-def _tree(parent: list[int]) -> Tree:
-    children: list[list[int]] = [[] for _ in parent]
-    for r, up in enumerate(parent):
-        if up >= 0:
-            children[up].append(r)
-    return Tree(parent.index(-1), tuple(parent), tuple(tuple(sorted(c)) for c in children))
-
-
-def _inorder_parents(m: int) -> list[int]:
-    """Parents in the in-order binary tree on ``m`` ranks (NCCL's ncclGetBtree), root 0.
-
-    A rank r with lowest set bit b sits at level b: its children are r - b/2
-    and r + b/2 (or the nearest existing rank right of r), its parent is
-    whichever of r + b and r - b has bit 2b set; if that is off the end,
-    r - b. Rank 0 is a root whose one child is the highest power of two < m.
-    """
-    parent = [-1] * m
-    for r in range(1, m):
-        bit = r & -r
-        up = (r ^ bit) | (bit << 1)
-        parent[r] = up if up < m else r ^ bit
-    return parent
-
-
-@lru_cache(maxsize=64)
-def double_binary_tree(p: int) -> tuple[Tree, Tree]:
-    """Two binary trees spanning ``p`` ranks, no rank interior in both.
-
-    Tree 0 is the in-order tree (even ranks interior, odd ranks leaves).
-    Tree 1 is its mirror image r -> m-1-r, which turns odd ranks interior
-    and even ranks into leaves. Mirroring swaps parity only for even m, so
-    for odd p both are built on m = p - 1 ranks and rank p - 1 becomes a leaf
-    hanging from each root (each root has only one child, so there is room).
-
-    Args:
-        p: number of ranks, at least 1.
-
-    Returns:
-        ``(tree0, tree1)``. For p = 1 both are the single rank 0.
-    """
-    if p < 1:
-        raise InvalidArgumentError(f"double_binary_tree: p must be at least 1, got {p}")
-    if p == 1:
-        single = Tree(0, (-1,), ((),))
-        return single, single
-    m = p if p % 2 == 0 else p - 1
-    first = _inorder_parents(m)
-    mirror = [-1 if first[m - 1 - r] < 0 else m - 1 - first[m - 1 - r] for r in range(m)]
-    if m < p:                          # odd p: the last rank is a leaf under both roots
-        first.append(0)
-        mirror.append(m - 1)
-    return _tree(first), _tree(mirror)
 
 
 class _Role(NamedTuple):
