@@ -333,7 +333,9 @@ def main(argv=None) -> int:
                        "cold_mib": args.cold,
                        "dtype": args.datatype, "op": args.op, "membw_gbps": b_mem / 1e9,
                        "bound_algbw_gbps": bound / 1e9 if args.collective == "allreduce" else None,
-                       "gamma_s_per_byte": gamma, "check_cost_us": check_us, "notes": notes}
+                       "gamma_s_per_byte": gamma, "check_cost_us": check_us, "notes": notes,
+                       "auto_picks": {str(r.size_bytes): comm.auto_picks[r.size_bytes] for r in rows
+                                      if r.algorithm == "auto" and r.size_bytes in comm.auto_picks}}
             common.write_json(args.json, payload, (r.record() for r in rows))
     bad = any(r.wrong for r in rows)
     ar.shutdown()

@@ -77,9 +77,11 @@ def _shm_traffic(p: int | None) -> str:
     return text + f": {(7 * p - 6) / p:.3g} at p = {p}, where 60% of the bound allows about 3.3 from memory."
 
 
-def shm_and_auto_goals(records: list[dict], label: str) -> list[str]:
+def shm_and_auto_goals(records: list[dict], label: str, auto_picks: dict | None = None) -> list[str]:
     """The shared-memory issue's goals at one world size: shm vs native from 4 MiB up, and auto vs
-    the best single algorithm at every size."""
+    the best single algorithm at every size. ``auto_picks`` (the sweep's JSON: size in bytes, as a
+    string -> what auto ran there) says whether the worst size's gap is a wrong pick or two timings
+    of the same algorithm."""
     t = {(r["algorithm"], r["size_bytes"]): r for r in records}
     lines = []
     big = sorted(s for (a, s) in t if a == "shm" and s >= 4 << 20 and ("mpi", s) in t)
@@ -103,9 +105,17 @@ def shm_and_auto_goals(records: list[dict], label: str) -> list[str]:
             ratio = t[("auto", s)]["time_us"] / best[0]
             if ratio > worst:
                 worst, where = ratio, (s, best[1])
+        ran = (auto_picks or {}).get(str(where[0])) if where else None
+        if ran is None:
+            why = ""
+        elif ran == where[1]:
+            why = (f"; auto ran {ran} there too, so the gap is between two timings of the same algorithm "
+                   "in one run: noise between blocks, not the pick")
+        else:
+            why = f"; auto ran {ran} there"
         lines.append(f"- auto / best single algorithm, {label}, worst size: "
                      + _verdict(worst, "<= 1.10x at every size", worst <= 1.10)
-                     + (f" (at {common.human_size(where[0])}, where {where[1]} was fastest)" if where else ""))
+                     + (f" (at {common.human_size(where[0])}, where {where[1]} was fastest{why})" if where else ""))
     return lines
 
 
@@ -132,7 +142,7 @@ def goals_section(runs: dict) -> list[str]:
                         ("np2cold", "-np 2, cold buffers (data from memory on every call)")):
         data = runs.get(name, (None, None))[1]
         if data:
-            lines += shm_and_auto_goals(data["records"], label)
+            lines += shm_and_auto_goals(data["records"], label, data.get("auto_picks"))
     lat = runs.get("latency", (None, None))[1]
     if lat:
         for algo in ("rd", "tree"):

@@ -100,6 +100,20 @@ def test_report_goals_say_met_not_met_or_not_measured():
     assert "not measured in this run" in "\n".join(goals.goals_section(runs))
 
 
+def test_auto_goal_says_whether_the_worst_gap_is_the_pick():
+    """auto vs the best single algorithm: the verdict stands either way; the note says what auto ran."""
+    def rec(algo, size, t):
+        return {"algorithm": algo, "size_bytes": size, "busbw_gbps": 1.0, "time_us": t}
+    records = [rec("mpi", 64, 3.0), rec("rd", 64, 5.0), rec("auto", 64, 4.0),
+               rec("mpi", 4096, 9.0), rec("rd", 4096, 6.0), rec("auto", 4096, 6.3)]
+    same = "\n".join(goals.shm_and_auto_goals(records, "-np 2", {"64": "mpi", "4096": "rd"}))
+    assert "**1.33x** (goal <= 1.10x at every size): **not met**." in same
+    assert "where mpi was fastest; auto ran mpi there too" in same
+    wrong = "\n".join(goals.shm_and_auto_goals(records, "-np 2", {"64": "rd"}))
+    assert "where mpi was fastest; auto ran rd there)" in wrong
+    assert "where mpi was fastest)" in "\n".join(goals.shm_and_auto_goals(records, "-np 2"))
+
+
 def test_report_training_ratios_and_goals():
     def row(n, tfops, mwms=None):
         r = {"np": n, "tfops": {"total": tfops, "conf": 1.0}}
