@@ -8,7 +8,9 @@ can be minutes or days away from this one, and near-ties flip: on the
 sizes thousands of times, so it can afford to measure, as Horovod's
 ``HOROVOD_AUTOTUNE`` and Intel MPI's autotuner do::
 
-    calls of one size:  1 2 3 4 | 5 6 7 8 | 9 ...   | ... 2Cb | then the winner, for good
+    calls of one size:  1 2 3 4 | 5 6 7 8 | 9 ...   | ... 2Cb | the provisional winner for
+                                                                  ~GAP_SECONDS, then the rounds
+                                                                  again; then the winner, for good
     what runs:          c1 ...  | c2 ...  | c3 ...  | round 2: c1, c2, c3 again
                         ^ each block: one untimed call (the switch from another
                           algorithm: its cache, its first pages), then b timed ones
@@ -34,6 +36,14 @@ sizes thousands of times, so it can afford to measure, as Horovod's
   shm at 64 MiB, -np 2: 15.3 against 10.8 ms back to back). The benchmark
   (``allreduce_bench.py --repeats``) and Python's ``timeit`` take the best
   block for the same reason.
+* Every size is timed twice, ``GAP_SECONDS`` apart: the first rounds pick a
+  provisional winner (agreed like the final one), which runs alone until
+  the rounds come again; then every contender's score is its best block of
+  both. A spell longer than one trial can no longer decide a size for good:
+  at -np 4 on the 2-core VM the first size of a sweep, tuned in the first
+  tenth of a second, once scored mpi 177 and rd 99 us, and auto ran rd at
+  23 us per call for the whole sweep where mpi ran 11. The gap is counted
+  in calls (the same on every rank: it comes from the agreed scores).
 * k = :func:`trials_for` the model's predicted time: timed calls per
   contender, 6 for calls of 2 ms and more, up to 96 for microsecond ones,
   so each contender is timed over about ``TRIAL_SECONDS``: on the 2-core VM
@@ -63,13 +73,15 @@ from __future__ import annotations
 import math
 
 __all__ = ["AutoTuner", "Trial", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS",
-           "ROUNDS"]
+           "ROUNDS", "GAP_SECONDS"]
 
 CONTENDERS = 4           #: at most this many algorithms are timed per size
 WITHIN = 3.0             #: only algorithms predicted at most this many times the model's best
 TRIAL_SECONDS = 1e-2     #: about this long per contender: more calls for shorter ones...
 MIN_TRIALS, MAX_TRIALS = 6, 96   #: ...within these bounds
 ROUNDS = 3               #: each contender's timed calls come in this many blocks, each after one untimed
+GAP_SECONDS = 0.5        #: between the two timings of a size, the provisional winner runs about this long
+MIN_GAP, MAX_GAP = 16, 100_000   #: ...counted in its calls, within these bounds
 
 
 def contenders(ranked: list[tuple[str, float]]) -> list[str]:
@@ -90,23 +102,46 @@ def trials_for(predicted_seconds: float) -> int:
 class Trial:
     """The tuning of one message size: which contender runs on the next call, and the times so far."""
 
-    __slots__ = ("nbytes", "contenders", "trials", "calls", "times", "_plan")
+    __slots__ = ("nbytes", "contenders", "trials", "calls", "times", "_plan", "gap", "provisional", "rechecked")
 
     def __init__(self, nbytes: int, contenders: list[str], trials: int):
         self.nbytes, self.contenders, self.trials = nbytes, contenders, trials
         self.calls = 0
         self.times: list[list[list[float]]] = [[] for _ in contenders]   # per contender: its blocks
-        per_block = -(-trials // ROUNDS)
-        # the calls in order: (contender index, timed?); a block is one untimed call, then timed ones
-        self._plan = [(i, j > 0) for _ in range(ROUNDS) for i in range(len(contenders))
-                      for j in range(1 + per_block)]
+        self._plan = self._rounds()
+        self.gap = 0                 # calls of the provisional winner still to run before the recheck
+        self.provisional = 0
+        self.rechecked = False
+
+    def _rounds(self) -> list[tuple[int, bool]]:
+        """The timed calls in order: (contender index, timed?); a block is one untimed call, then timed ones."""
+        per_block = -(-self.trials // ROUNDS)
+        return [(i, j > 0) for _ in range(ROUNDS) for i in range(len(self.contenders)) for j in range(1 + per_block)]
 
     def current(self) -> str:
         """The contender the next call of this size runs."""
+        if self.gap:
+            return self.contenders[self.provisional]
         return self.contenders[self._plan[self.calls][0]]
 
+    def recheck(self, slowest: list[float]) -> bool:
+        """After the first rounds' agreement (``slowest``: every rank's maximum of the scores): run
+        the provisional winner for about ``GAP_SECONDS``, then the rounds again; True. After the
+        second rounds: False, the trial is over."""
+        if self.rechecked:
+            return False
+        self.rechecked = True
+        self.provisional = min(range(len(slowest)), key=slowest.__getitem__)
+        per_call = slowest[self.provisional]
+        self.gap = MAX_GAP if not per_call > 0 else max(MIN_GAP, min(MAX_GAP, math.ceil(GAP_SECONDS / per_call)))
+        self._plan += self._rounds()
+        return True
+
     def record(self, seconds: float) -> bool:
-        """Count the call just made (it ran :meth:`current`); True once every trial is in."""
+        """Count the call just made (it ran :meth:`current`); True once the trials of a round are in."""
+        if self.gap:
+            self.gap -= 1
+            return False
         index, timed = self._plan[self.calls]
         if not timed:
             self.times[index].append([])          # a block begins (its untimed call)
@@ -116,7 +151,7 @@ class Trial:
         return self.calls >= len(self._plan)
 
     def scores(self) -> list[float]:
-        """This rank's score per contender: the mean seconds of its best block."""
+        """This rank's score per contender: the mean seconds of its best block (of both timings)."""
         return [min(sum(block) / len(block) for block in blocks) for blocks in self.times]
 
     def winner(self, slowest: list[float]) -> str:

@@ -215,11 +215,13 @@ class Communicator:
         return name
 
     def _decide(self, trial) -> None:
-        """Every rank has made the trial's last call: agree on each contender's slowest rank's
-        score (one tiny MAX allreduce) and keep the fastest for this size."""
+        """Every rank has made the last call of the trial's rounds: agree on each contender's
+        slowest rank's score (one tiny MAX allreduce). After the first rounds the fastest runs
+        until the recheck (:meth:`Trial.recheck`); after the second it is kept for this size."""
         slowest = np.array(trial.scores(), np.float64)
         algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
+        if not trial.recheck(slowest.tolist()):
+            self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:
         """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""

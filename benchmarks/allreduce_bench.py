@@ -119,7 +119,9 @@ def measure_check_cost(mpi, iters: int = 50) -> float:
         checked.close()
 
 
-MAX_SETTLE = 2000   # warm-up calls at most while auto's tuner times its contenders (it takes ~100-300)
+# Warm-up calls at most while auto's tuner times its contenders: two timings of ~100-300 calls,
+# and between them its provisional winner for about autotune.GAP_SECONDS (at most MAX_GAP calls).
+MAX_SETTLE = 2000 + 100_000
 FILL = 50   # --budget lets a row of microsecond calls run up to this many times -n (OSU: 10000 small, 1000 large)
 
 

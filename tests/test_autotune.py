@@ -44,6 +44,38 @@ def test_a_trial_runs_each_contender_in_blocks_after_an_untimed_call_and_the_bes
     assert [[len(block) for block in blocks] for blocks in _run_out(odd)] == [[3, 3, 3]] * 3
 
 
+def test_a_size_is_timed_again_after_the_provisional_winner_ran_for_the_gap():
+    trial = Trial(64, ["mpi", "rd"], trials=3)                # blocks of one timed call
+    first = {"mpi": iter([1.0, 0.004] * 3), "rd": iter([1.0, 0.002] * 3)}   # a spell slows mpi at first
+    while not trial.record(next(first[trial.current()])):
+        pass
+    assert trial.scores() == [0.004, 0.002]
+    assert trial.recheck(trial.scores())                      # rd, provisionally, for GAP_SECONDS
+    assert trial.gap == autotune.GAP_SECONDS / 0.002 == 250
+    runs = []
+    while trial.gap:
+        runs.append(trial.current())
+        assert not trial.record(99.0)                         # the gap's calls are not timed
+    assert runs == ["rd"] * 250
+    second = {"mpi": iter([1.0, 0.001] * 3), "rd": iter([1.0, 0.002] * 3)}  # the spell is over
+    runs = []
+    done = False
+    while not done:
+        runs.append(trial.current())
+        done = trial.record(next(second[runs[-1]]))
+    assert runs == (["mpi"] * 2 + ["rd"] * 2) * 3
+    assert trial.scores() == [0.001, 0.002]                   # the best block of both timings
+    assert not trial.recheck(trial.scores()) and trial.winner(trial.scores()) == "mpi"
+    quick = Trial(8, ["a", "b"], trials=1)
+    _run_out(quick)
+    quick.recheck([0.0, 1e-9])                                # agreed scores bound the gap's calls
+    assert quick.gap == autotune.MAX_GAP
+    slow = Trial(8, ["a", "b"], trials=1)
+    _run_out(slow)
+    slow.recheck([5.0, 9.0])
+    assert slow.gap == autotune.MIN_GAP
+
+
 def _run_out(trial):
     while not trial.record(1.0):
         pass

@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import allreduce as ar
+from allreduce import autotune
 
 world = MPI.COMM_WORLD
 off = "--off" in sys.argv
@@ -33,6 +34,8 @@ if me != 0:                                                     # a different mo
 
 SIZES = [1, 1024, 25_000, (1 << 18) + 3, 2 << 20]          # float32 elements
 calls = 0
+autotune.GAP_SECONDS = 0.01     # the recheck's gap, shortened: the same steps in a test's time
+TRIES = 4 * autotune.MAX_GAP    # calls of one size before it must be decided: two timings and the gap
 
 
 def call(n: int) -> np.ndarray:
@@ -51,12 +54,12 @@ def tuned(n: int) -> bool:
 
 last = {}
 a, b = SIZES[0], SIZES[2]
-for _ in range(2000):                                           # two sizes tuned side by side
+for _ in range(TRIES):                                           # two sizes tuned side by side
     if tuned(a) and tuned(b):
         break
     last[a], last[b] = call(a), call(b)
 for n in SIZES:                                                 # the rest one after another
-    for _ in range(2000):
+    for _ in range(TRIES):
         last[n] = call(n)
         if tuned(n):
             break
