@@ -94,27 +94,28 @@ def test_ring_4_ranks():
 
 
 def test_tree_3_ranks():
-    # p = 3: both trees on ranks 0, 1; rank 2 a leaf under each root. Tree 0 (root 0) carries chunk 0
-    # (buf[:2]), tree 1 (root 1) chunk 1. Reduce up, then broadcast down.
+    # p = 3: both trees on ranks 0, 1; rank 2 a leaf under each root. Tree 0 (root 0, partner 1) carries
+    # chunk 0 (buf[:2]), tree 1 (root 1, partner 0) chunk 1. Reduce up; the top edge 0 -- 1 swaps partial
+    # sums, and both ends finish; then the roots send the finished chunks down to rank 2.
     _check("tree", 3, 4, [
         ("start", [], ["a a", "b b", "c c"]),
-        ("reduce 0", ["1 -> 0  chunk 0  b0", "2 -> 0  chunk 0  c0", "0 -> 1  chunk 1  a1", "2 -> 1  chunk 1  c1"],
-         ["abc a", "b abc", "c c"]),
-        ("broadcast 0", ["0 -> 1  chunk 0  a0+b0+c0", "0 -> 2  chunk 0  a0+b0+c0",
-                         "1 -> 0  chunk 1  a1+b1+c1", "1 -> 2  chunk 1  a1+b1+c1"],
+        ("reduce 0", ["2 -> 0  chunk 0  c0", "1 -> 0  chunk 0  b0", "0 -> 1  chunk 0  a0+c0",
+                      "2 -> 1  chunk 1  c1", "0 -> 1  chunk 1  a1", "1 -> 0  chunk 1  b1+c1"],
+         ["abc abc", "abc abc", "c c"]),
+        ("broadcast 0", ["0 -> 2  chunk 0  a0+b0+c0", "1 -> 2  chunk 1  a1+b1+c1"],
          [f"{F3} {F3}"] * 3),
     ], ["0", "1"])
 
 
 def test_tree_4_ranks():
     # Tree 0: 0 <- 2 <- {1, 3} over chunk 0. Tree 1, its mirror r -> 3 - r: 3 <- 1 <- {0, 2} over chunk 1.
+    # The top edges (0 -- 2, 3 -- 1) swap; the partners 2 and 1 then send the finished chunks down.
     _check("tree", 4, 4, [
         ("start", [], ["a a", "b b", "c c", "d d"]),
-        ("reduce 0", ["1 -> 2  chunk 0  b0", "3 -> 2  chunk 0  d0", "2 -> 0  chunk 0  b0+c0+d0",
-                      "0 -> 1  chunk 1  a1", "2 -> 1  chunk 1  c1", "1 -> 3  chunk 1  a1+b1+c1"],
-         [f"{F4} a", "b abc", "bcd c", f"d {F4}"]),
-        ("broadcast 0", ["0 -> 2  chunk 0  a0+b0+c0+d0", "2 -> 1  chunk 0  a0+b0+c0+d0",
-                         "2 -> 3  chunk 0  a0+b0+c0+d0", "3 -> 1  chunk 1  a1+b1+c1+d1",
+        ("reduce 0", ["1 -> 2  chunk 0  b0", "3 -> 2  chunk 0  d0", "2 -> 0  chunk 0  b0+c0+d0", "0 -> 2  chunk 0  a0",
+                      "0 -> 1  chunk 1  a1", "2 -> 1  chunk 1  c1", "1 -> 3  chunk 1  a1+b1+c1", "3 -> 1  chunk 1  d1"],
+         [f"{F4} a", f"b {F4}", f"{F4} c", f"d {F4}"]),
+        ("broadcast 0", ["2 -> 1  chunk 0  a0+b0+c0+d0", "2 -> 3  chunk 0  a0+b0+c0+d0",
                          "1 -> 0  chunk 1  a1+b1+c1+d1", "1 -> 2  chunk 1  a1+b1+c1+d1"],
          [f"{F4} {F4}"] * 4),
     ], ["0", "1"])

@@ -184,3 +184,38 @@ def test_reduce_finish_into_both_writes_the_same_result_twice(op, dtype):
 def test_reduce_finish_into_both_declines_the_16_bit_formats():
     x = np.ones(4, np.float16)
     assert not kernels.reduce_finish_into_both(x, x.copy(), x.copy(), Op.SUM, 2)
+
+
+@pytest.mark.parametrize("op", list(Op))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize("lo, hi", [(0, 501), (500, 1001), (0, 1001), (3, 3), (0, 0)])
+def test_reduce_finish_split_into_keeps_each_pieces_operand_order(op, dtype, lo, hi):
+    """tree's p = 2 finish: dst first on [lo, hi), src first elsewhere, bit for bit as two calls.
+    NaNs with different payloads and signed zeros sit on both sides of every split."""
+    rng = np.random.default_rng(11)
+    if np.dtype(dtype).kind == "f":
+        a = rng.standard_normal(1001).astype(dtype)
+        b = rng.standard_normal(1001).astype(dtype)
+        nan1 = np.frombuffer(np.array([0x7FC00001], np.uint32).tobytes(), np.float32)[0].astype(dtype)
+        nan2 = -np.abs(nan1)
+        for at in (0, 499, 500, 501, 1000):
+            a[at:at + 1], b[at:at + 1] = (nan1, nan2) if at % 2 else (-0.0, 0.0)
+        a[2], b[2] = np.nan, 1.0
+    else:
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, 1001, endpoint=True).astype(dtype)
+        b = rng.integers(info.min, info.max, 1001, endpoint=True).astype(dtype)
+    want = a.copy()
+    kernels.reduce_finish_into(want[lo:hi], b[lo:hi], op, 2)                 # dst first
+    for piece in (slice(0, lo), slice(hi, None)):                            # src first
+        first = b[piece].copy()
+        kernels.reduce_finish_into(first, a[piece], op, 2)
+        want[piece] = first
+    got = a.copy()
+    assert kernels.reduce_finish_split_into(got, b, lo, hi, op, 2)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_reduce_finish_split_into_declines_the_16_bit_formats():
+    x = np.ones(4, np.float16)
+    assert not kernels.reduce_finish_split_into(x, x.copy(), 0, 2, Op.SUM, 2)

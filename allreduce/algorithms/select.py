@@ -56,12 +56,29 @@ DEFAULTS: dict[str, dict[str, float]] = {
 SHM_WINDOW_BYTES = 4 << 20   # shm.SLOT_BYTES, repeated here so this module imports no algorithm
 
 
+def _tree_hops(p: int) -> int:
+    """Messages on the double tree's critical path with one segment (see :mod:`.tree`).
+
+    D = depth. The root's partial sum goes to its partner at once (even p: it has no other
+    child) or after one hop (odd p: rank p - 1 hangs under it too), while the partner's
+    subtree reduces in D - 1 hops; the partner finishes and sends down D - 1 hops, and the
+    root finishes when the partner's sum arrives (hop D) and, for odd p, sends it to p - 1.
+    At p = 3 both top edges join ranks 0 and 1, and each waits for both swaps before it
+    forwards to rank 2: one hop more."""
+    if p == 3:
+        return 3
+    depth = math.ceil(math.log2(p if p % 2 == 0 else max(p - 1, 1))) if p > 2 else 1
+    if p % 2 == 0:
+        return max(depth, 2 * (depth - 1))
+    return max(depth + 1, max(2, depth - 1) + depth - 1)
+
+
 def terms(algorithm: str, p: int, nbytes: int | None = None,
           segment_bytes: int = 256 << 10) -> tuple[float, float, float]:
     """``(a, b, g)``: latency count and per-byte send/reduce factors of ``algorithm`` on p ranks.
 
     Only ``tree`` depends on the message size: its pipeline of S segments per
-    half over a tree of depth D has D + S - 1 stages each way. Without
+    half adds a stage up and one down to the one-segment path's hops. Without
     ``nbytes`` it uses the long-message limit (S >> D).
     """
     if p <= 1:
@@ -76,12 +93,12 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
     if algorithm == "rd":
         return int(math.log2(pow2)) + extra, int(math.log2(pow2)) + extra, int(math.log2(pow2)) + extra / 2
     if algorithm == "tree":
-        depth = math.ceil(math.log2(p if p % 2 == 0 else max(p - 1, 1))) if p > 2 else 1
+        hops, g1 = _tree_hops(p), (1.0 if p == 2 else 1.5)
         if nbytes is None:
-            return 2 * depth, 2.0, 1.0
+            return hops, 2.0, g1
         s = max(1, math.ceil(nbytes / (2 * segment_bytes)))
-        stages = depth + s - 1
-        return 2 * stages, 2 * stages / s, stages / s
+        stages = hops + 2 * (s - 1)        # each further segment adds one stage up and one down
+        return stages, stages / s, g1 * max(1.0, stages / 2) / s
     if algorithm == "mpi":
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "shm":

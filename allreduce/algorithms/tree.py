@@ -1,4 +1,4 @@
-r"""Pipelined double binary tree allreduce (NCCL 2.4): reduce up two trees, broadcast down.
+r"""Pipelined double binary tree allreduce (NCCL 2.4): reduce up two trees, swap at the top, broadcast down.
 
 One binary tree is latency-friendly (depth log2 p) but wastes bandwidth:
 leaves only send, and the root's links carry everything. NCCL 2.4 runs two
@@ -10,7 +10,7 @@ rank then sends and receives about the same amount. p = 8::
     carries buf[:n/2]               carries buf[n/2:]
 
       0                                           7
-       \                                         /
+      ||                                         ||
         4                                       3
        / \                                    /  \
       2   6                                  1    5
@@ -25,38 +25,54 @@ For even p, tree 1 is its mirror, which swaps odd and even ranks. For odd
 p both trees are built on the first p - 1 ranks, and the last rank is hung
 under each root as a leaf. The construction lives in :mod:`.binary_tree`.
 
+The top edge (``||``: the root and its first child, the *partner*) is a
+swap, not a hand-up followed by a hand-down. Plain reduce-then-broadcast
+sends the partner's partial sum up, lets the root add it, and sends the
+finished value back down: two dependent hops on that edge. Here both ends
+send their partial sums at once, and both compute ``root (op) partner``
+with the root's operand first, so the two results are bitwise equal. The
+edge carries the same bytes each way as before (a partial sum up, the
+root's partial instead of the final value down), and one hop is gone.
+
 Steps, on both trees at once (nonblocking posts, distinct tags per tree):
 
     reduce k      (k = 0..S-1) a rank receives segment k of its half from each
                   child, adds it into its own, and sends the sum to its parent
                   (NCCL's recvReduceSend). Receives for segment k+1 are already
                   posted, so segment k+1 arrives while k is reduced.
-                  The root's last reduction is final: Average divides there.
-    broadcast k   the root sends finished segment k to its children; every
-                  rank receives it from its parent straight into place and
-                  forwards it (recvCopySend).
+                  The root and its partner swap their sums and both finish
+                  segment k: that reduction is final, Average divides there.
+    broadcast k   the root and its partner send finished segment k to their
+                  other children; every other rank receives it from its
+                  parent straight into place and forwards it (recvCopySend).
 
-The phases run one after the other, as in NCCL's runTreeUpDown. Only the
-root computes each final element, everyone else copies it: results are
-bitwise identical.
+The phases run one after the other, as in NCCL's runTreeUpDown. Only the two
+ranks at the top compute each final element, in the same operand order;
+everyone else copies it: results are bitwise identical.
 
 Cost. S = segments per half = ceil(n / (2 segment_bytes)), D = depth of the
 trees (edges root to deepest leaf; ceil(log2 p) for even p, ceil(log2 (p-1))
-for odd p). In a pipeline stage the busiest rank (interior in one tree, a
-leaf in the other) receives 2 segments of n/(2S) bytes and sends 2, so with
-D + S - 1 stages per phase::
+for odd p). With one segment, the critical path for even p is H = max(D,
+2D - 2) hops: the root (no other child) sends its own data to the partner at
+once, the partner's subtree reduces in D - 1 hops, the partner finishes and
+sends down D - 1 hops, and the partner's sum reaches the root in D. (Odd p:
+the root waits one hop for rank p - 1 first; :func:`.select.terms` has the
+count.) Each further segment adds a stage up and one down; in a stage the
+busiest rank sends 2 segments of n/(2S) bytes, and a partner with two
+children reduces 3 halves::
 
-    T = 2 (D + S - 1) alpha  +  2 (D + S - 1)/S  n beta  +  (D + S - 1)/S  n gamma
+    T = (H + 2 (S - 1)) alpha  +  (H + 2 (S - 1))/S  n beta  +  1.5 max(1, (H + 2 (S - 1))/2)/S  n gamma
 
-One segment (S = 1): 2D alpha + 2D n beta + D n gamma, a latency choice.
-Many segments (S >> D): about 2S alpha + 2 n beta + n gamma, ring's
-bandwidth with only log p latency before the pipeline fills.
+One segment (S = 1): H alpha, e.g. 2 alpha at p = 4 and 4 at p = 8, where
+plain reduce-then-broadcast takes 2D (4 and 6), a latency choice. Many
+segments (S >> D): about 2S alpha + 2 n beta + 1.5 n gamma, ring's bandwidth
+with only log p latency before the pipeline fills.
 
-At p = 2 both trees are one edge, and each rank is the root of one half:
-one segment is then two swaps (:func:`_pair`), each one ``exchange`` call,
+At p = 2 both trees are the one edge between the two ranks, and each rank is
+the root of one half and the partner in the other: one segment is then a
+single swap of the whole buffer (:func:`_pair`), one ``exchange`` call,
 which on one node goes through the transport's shared-memory mailboxes.
-Two rounds against recursive doubling's one: a tree cannot finish in fewer
-than 2D hand-offs, where rd takes log2 p.
+That is recursive doubling's one round; plain reduce-then-broadcast takes two.
 """
 from __future__ import annotations
 
@@ -75,16 +91,51 @@ __all__ = ["allreduce", "double_binary_tree", "Tree"]
 
 TAG = 20     # tree t reduces on TAG + 2t and broadcasts on TAG + 2t + 1
 UP, DOWN = TAG + 4, TAG + 5   # the one-segment path's two phases (see _one_segment)
-DEPTH = 2    # receive slots in flight per child: one being reduced, one arriving
+SWAP = TAG + 6                # tree t's top edge swaps on SWAP + t, in every path
+DEPTH = 2    # receive slots in flight per source: one being reduced, one arriving
 
 
 class _Role(NamedTuple):
-    """This rank's part in one tree: whom it talks to and which segments of its half it moves."""
+    """This rank's part in one tree: whom it talks to and which segments of its half it moves.
+
+    ``children`` hand partial sums up and get finished segments back; for the root they leave
+    out its partner. ``up`` gets this rank's partial sum and ``parent`` sends the finished
+    segments (both -1 at the top). ``partner`` is the other end of the top edge (-1 if this
+    rank is not at the top), and ``first`` says this rank is the root, whose partial is the
+    left operand of the final reduction."""
     parent: int
+    up: int
     children: tuple[int, ...]
+    partner: int
+    first: bool
     segs: tuple[tuple[int, int], ...]
-    up: int      # tag of the reduce phase
-    down: int    # tag of the broadcast phase
+    up_tag: int
+    down_tag: int
+    swap_tag: int
+
+
+def _role(tree: Tree, rank: int, t: int, segs: tuple[tuple[int, int], ...], up_tag: int, down_tag: int) -> _Role:
+    root = tree.root
+    partner = tree.children[root][0]            # the root's first child: the deepest subtree
+    swap = SWAP + t
+    if rank == root:
+        return _Role(-1, -1, tree.children[rank][1:], partner, True, segs, up_tag, down_tag, swap)
+    if rank == partner:
+        return _Role(-1, -1, tree.children[rank], root, False, segs, up_tag, down_tag, swap)
+    parent = tree.parent[rank]
+    return _Role(parent, parent, tree.children[rank], -1, False, segs, up_tag, down_tag, swap)
+
+
+def _finish(mine: np.ndarray, theirs: np.ndarray, op: Op, p: int, first: bool) -> None:
+    """The top edge's final reduction into ``mine``: ``root (op) partner`` on both ends.
+
+    The root computes ``mine (op) theirs``; the partner ``theirs (op) mine``, with ``theirs``
+    (the root's partial) first, so Min and Max pick the same zero or NaN on both ends."""
+    if first:
+        kernels.reduce_finish_into(mine, theirs, op, p)
+    elif not kernels.reduce_finish_into_both(theirs, mine, mine, op, p):
+        kernels.reduce_finish_into(theirs, mine, op, p)          # 16-bit formats: two passes
+        kernels.copy_into(mine, theirs)
 
 
 @lru_cache(maxsize=256)
@@ -94,7 +145,7 @@ def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int
 
     Cached: a training loop repeats the same few sizes, and recomputing this
     in Python would cost more than moving a small message. The visiting order
-    puts the tree where this rank is a leaf first, so its partial sums leave
+    puts the tree where this rank has fewer children first, so its partial sums leave
     before it blocks on a child in the other tree; the broadcast visits them
     the other way round, so finished segments go down before it waits as a leaf.
     """
@@ -102,7 +153,7 @@ def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int
     roles = []
     for t, (tree, (off, n)) in enumerate(zip(double_binary_tree(p), halves)):
         segs = partition.segments(off, n, partition.num_segments(n, itemsize, segment_bytes))
-        roles.append(_Role(tree.parent[rank], tree.children[rank], segs, TAG + 2 * t, TAG + 2 * t + 1))
+        roles.append(_role(tree, rank, t, segs, TAG + 2 * t, TAG + 2 * t + 1))
     order = tuple(sorted(range(2), key=lambda t: len(roles[t].children)))
     seg_len = max(n for role in roles for _, n in role.segs)
     return (roles[0], roles[1]), order, seg_len, max(len(role.segs) for role in roles)
@@ -116,13 +167,13 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         comm: the transport; every rank calls this with the same count, dtype and op.
         buf: this rank's contribution; holds the result on return.
         op: the reduction.
-        workspace: where the receive slots (8 segments at most) come from.
+        workspace: where the receive slots (12 segments at most) come from.
         segment_bytes: pipeline segment size; each half is cut into pieces of about this many bytes.
     """
     p, rank = comm.size, comm.rank
     if p == 2:
         pair = _pair_plan(buf.size, buf.itemsize, rank, segment_bytes)
-        if pair is not None:                  # small, two ranks: the latency path, two swaps
+        if pair is not None:                  # small, two ranks: the latency path, one swap
             _pair(comm, buf, op, workspace, pair)
             return
     if p == 1 or buf.size == 0:
@@ -130,17 +181,27 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         return
     roles, order, seg_len, nsteps = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
     if nsteps == 1:
-        scratch = workspace.get("tree.slots", 2 * seg_len, buf.dtype)
+        scratch = workspace.get("tree.slots", 4 * seg_len, buf.dtype)
         _one_segment(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
         return
-    slots = workspace.get("tree.slots", 2 * 2 * DEPTH * seg_len, buf.dtype).reshape(2, 2, DEPTH, seg_len)
-    sends: list = []
+    slots = workspace.get("tree.slots", 2 * 3 * DEPTH * seg_len, buf.dtype).reshape(2, 3, DEPTH, seg_len)
+    # Sources per tree: the children (partial sums, on the up tag), then the partner (on the swap tag).
+    sources = [[(child, role.up_tag) for child in role.children]
+               + ([(role.partner, role.swap_tag)] if role.partner >= 0 else []) for role in roles]
+    recvs = [[[comm.irecv(slots[t, j, k][:n], peer, tag) for k, (_, n) in enumerate(roles[t].segs[:DEPTH])]
+              for j, (peer, tag) in enumerate(sources[t])] for t in range(2)]
 
-    # Reduce: prime DEPTH receives per child, then recvReduceSend each segment on both trees.
-    recvs = [[[comm.irecv(slots[t, j, k][:n], child, role.up) for k, (_, n) in enumerate(role.segs[:DEPTH])]
-              for j, child in enumerate(role.children)] for t, role in enumerate(roles)]
+    def consumed(t: int, j: int, k: int) -> None:            # slot k % DEPTH is free again: refill it
+        segs = roles[t].segs
+        if k + DEPTH < len(segs):
+            peer, tag = sources[t][j]
+            recvs[t][j].append(comm.irecv(slots[t, j, k % DEPTH][:segs[k + DEPTH][1]], peer, tag))
+
+    # Reduce: recvReduceSend each segment on both trees; at the top, swap and finish.
+    sends: list = []
     for k in range(nsteps):
         comm.mark("reduce", k)
+        swaps = []
         for t in order:
             role = roles[t]
             if k >= len(role.segs):
@@ -149,19 +210,23 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
             dst = buf[off:off + n]
             for j, child in enumerate(role.children):
                 recvs[t][j][k].wait()                        # segment k from child j
-                if role.parent < 0 and j == len(role.children) - 1:
-                    kernels.reduce_finish_into(dst, slots[t, j, k % DEPTH][:n], op, p)  # root: final
-                else:
-                    kernels.reduce_into(dst, slots[t, j, k % DEPTH][:n], op)
-                if k + DEPTH < len(role.segs):               # slot is free again: refill it
-                    recvs[t][j].append(comm.irecv(slots[t, j, k % DEPTH][:role.segs[k + DEPTH][1]],
-                                                  child, role.up))
-            if role.parent >= 0:
-                sends.append(comm.isend(dst, role.parent, role.up))   # partial sum goes up
+                kernels.reduce_into(dst, slots[t, j, k % DEPTH][:n], op)
+                consumed(t, j, k)
+            if role.partner >= 0:
+                swaps.append((t, dst, comm.isend(dst, role.partner, role.swap_tag)))  # my half of the swap
+            else:
+                sends.append(comm.isend(dst, role.up, role.up_tag))                   # partial sum goes up
+        for t, _, _ in swaps:                                # the other half of each swap
+            recvs[t][len(roles[t].children)][k].wait()
+        for t, dst, sent in swaps:                           # every receive before any send's wait:
+            sent.wait()                                      # at p = 3 both swaps join the same two ranks
+            j = len(roles[t].children)
+            _finish(dst, slots[t, j, k % DEPTH][:dst.size], op, p, roles[t].first)
+            consumed(t, j, k)
     wait_all(comm, sends)                                    # the broadcast overwrites what was sent
 
     # Broadcast: receive each finished segment from the parent into place, forward it down.
-    downs = [[comm.irecv(buf[off:off + n], role.parent, role.down) for off, n in role.segs]
+    downs = [[comm.irecv(buf[off:off + n], role.parent, role.down_tag) for off, n in role.segs]
              if role.parent >= 0 else [] for role in roles]
     for k in range(nsteps):
         comm.mark("broadcast", k)
@@ -173,54 +238,87 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
             if role.parent >= 0:
                 downs[t][k].wait()                           # final segment k from the parent
             for child in role.children:
-                sends.append(comm.isend(buf[off:off + n], child, role.down))  # recvCopySend
+                sends.append(comm.isend(buf[off:off + n], child, role.down_tag))  # recvCopySend
     wait_all(comm, sends)
 
 
 class _Small(NamedTuple):
-    """One rank's part when each half is a single segment: ``inner`` is ``(off, n, children, parent)``
-    for the tree where it has children (None if it has none), ``leaves`` one ``(off, n, parent)`` per
-    tree where it is a leaf. Empty halves are left out."""
-    inner: tuple[int, int, tuple[int, ...], int] | None
-    leaves: tuple[tuple[int, int, int], ...]
+    """One rank's part in one tree when each half is a single segment: ``buf[off:off + n]``
+    and the :class:`_Role` fields that matter with one segment."""
+    off: int
+    n: int
+    children: tuple[int, ...]
+    up: int
+    parent: int
+    partner: int
+    first: bool
+    swap_tag: int
 
 
 @lru_cache(maxsize=256)
-def _small_plan(count: int, p: int, rank: int) -> _Small:
-    inner, leaves = None, []
-    for tree, (off, n) in zip(double_binary_tree(p), partition.chunks(count, 2)):
-        if n == 0:
-            continue
-        if tree.children[rank]:
-            inner = (off, n, tree.children[rank], tree.parent[rank])
-        else:
-            leaves.append((off, n, tree.parent[rank]))
-    return _Small(inner, tuple(leaves))
+def _small_plan(count: int, p: int, rank: int) -> tuple[_Small, ...]:
+    """This rank's part in each tree with a non-empty half, fewest children first."""
+    plan = []
+    for t, (tree, (off, n)) in enumerate(zip(double_binary_tree(p), partition.chunks(count, 2))):
+        if n:
+            role = _role(tree, rank, t, (), UP, DOWN)
+            plan.append(_Small(off, n, role.children, role.up, role.parent, role.partner, role.first,
+                               role.swap_tag))
+    return tuple(sorted(plan, key=lambda part: len(part.children)))
 
 
-def _exchange(comm: Transport, sends: list, recvs: list, tag: int) -> list:
-    """Start ``sends`` and complete ``recvs`` (lists of ``(buf, peer)``); return the sends still in
-    flight. Exactly one of each is one ``sendrecv``: at p = 2 every phase is, and it costs one call
-    into MPI instead of two posts and a wait."""
-    if len(sends) == 1 and len(recvs) == 1:
-        if comm.size == 2:          # both ranks swap with each other: the transport's fast swap
-            comm.exchange(sends[0][0], recvs[0][0], sends[0][1], tag)
+def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: tuple[_Small, ...]) -> None:
+    """The pipeline above when each half is one segment (small buffers): the same messages, all
+    receives posted at once. Here the cost is per call into the transport, not per byte.
+
+    One tag per phase is enough (UP, DOWN): no ordered pair of ranks is child and parent in both
+    trees, since parents are even ranks in tree 0 and odd ones in tree 1 (the last rank of an odd p
+    hangs under 0 and under p - 2). The top edges get a tag per tree: at p = 3 both are 0 -- 1."""
+    p = comm.size
+    comm.mark("reduce", 0)
+    used, posted = 0, []
+    for part in plan:                                # every receive of the reduce phase, before any wait
+        peers = [(child, UP) for child in part.children] + ([(part.partner, part.swap_tag)] if part.partner >= 0 else [])
+        reqs = []
+        for peer, tag in peers:
+            slot = scratch[used:used + part.n]
+            used += part.n
+            reqs.append((slot, comm.irecv(slot, peer, tag)))
+        posted.append(reqs)
+    flying, swaps = [], []
+    for part, reqs in zip(plan, posted):             # leaf halves first: they go at once
+        mine = buf[part.off:part.off + part.n]
+        for slot, req in reqs[:len(part.children)]:
+            req.wait()
+            kernels.reduce_into(mine, slot, op)
+        if part.partner >= 0:
+            swaps.append((part, mine, reqs[-1], comm.isend(mine, part.partner, part.swap_tag)))
         else:
-            comm.sendrecv(sends[0][0], sends[0][1], recvs[0][0], recvs[0][1], tag)
-        return []
-    posted = [comm.irecv(buf, peer, tag) for buf, peer in recvs]
-    flying = [comm.isend(buf, peer, tag) for buf, peer in sends]
-    wait_all(comm, posted)
-    return flying
+            flying.append(comm.isend(mine, part.up, UP))         # my partial sum goes up
+    for _, _, (_, req), _ in swaps:                   # every receive before any send's wait (the sends
+        req.wait()                                   # read `mine`): at p = 3 both swaps join 0 and 1
+    for part, mine, (slot, _), sent in swaps:
+        sent.wait()
+        _finish(mine, slot, op, p, part.first)
+    wait_all(comm, flying)                                       # the broadcast overwrites what went up
+
+    # Broadcast: finished halves come down from the parents; the top and interior ranks forward theirs.
+    comm.mark("broadcast", 0)
+    for part in reversed(plan):
+        mine = buf[part.off:part.off + part.n]
+        if part.parent >= 0:
+            comm.recv(mine, part.parent, DOWN)                   # the finished half, before forwarding
+        flying.extend(comm.isend(mine, child, DOWN) for child in part.children)
+    wait_all(comm, flying)
 
 
 class _Pair(NamedTuple):
-    """At p = 2 with one segment per half: this rank's root half ``buf[mine_lo:mine_hi]`` (the one
-    it finishes) and its leaf half ``buf[leaf_lo:leaf_hi]`` (the one it hands up and gets back)."""
+    """At p = 2 with one segment per half: this rank's root half ``buf[mine_lo:mine_hi]`` and the
+    half ``buf[other_lo:other_hi]`` where it is the root's partner."""
     mine_lo: int
     mine_hi: int
-    leaf_lo: int
-    leaf_hi: int
+    other_lo: int
+    other_hi: int
 
 
 @lru_cache(maxsize=256)
@@ -239,65 +337,21 @@ def _pair_plan(count: int, itemsize: int, rank: int, segment_bytes: int) -> _Pai
 
 
 def _pair(comm: Transport, buf: np.ndarray, op: Op, workspace: Workspace, plan: _Pair) -> None:
-    """:func:`_one_segment` at p = 2, where both trees are one edge between the two ranks: each
-    rank is the root of one half and the leaf of the other, so each phase is one swap::
+    """:func:`_one_segment` at p = 2, where both trees are the top edge between the two ranks:
+    each rank is the root of one half and the partner in the other, so both swaps are one::
 
-        reduce:     my leaf half  -> peer      peer's copy of my root half -> slot; mine (op)= slot
-        broadcast:  my finished root half -> peer      peer's finished half -> my leaf half
+        swap:    my whole buffer -> peer       peer's whole buffer -> slot
+        finish:  my root half   = mine (op) peer's      (the root's operand first)
+                 my other half  = peer's (op) mine      (the peer is that half's root)
 
-    The same additions as the general path (the root adds its child's half to its own), in two
-    ``exchange`` calls (the transport's fast swap: shared-memory mailboxes on one node) instead
-    of the general path's lists of sends and receives. With one element, one half is empty and
-    its swaps carry 0 bytes that way. The plan is four cached offsets: at a few microseconds per
-    call, building slices and role tables in Python would cost as much as a swap."""
-    mine_lo, mine_hi, leaf_lo, leaf_hi = plan       # one unpack: a named field read is a call each
-    peer = 1 - comm.rank
-    mine = buf[mine_lo:mine_hi]
-    leaf = buf[leaf_lo:leaf_hi]
-    slot = workspace.get("tree.slots", mine_hi - mine_lo, buf.dtype)
+    One ``exchange`` call (the transport's fast swap: shared-memory mailboxes on one node), and
+    for the native dtypes one kernel call that finishes both halves, each in its own order.
+    The plan is four cached offsets: at a few microseconds per call, building slices and role
+    tables in Python would cost as much as the swap."""
+    mine_lo, mine_hi, other_lo, other_hi = plan     # one unpack: a named field read is a call each
+    slot = workspace.get("tree.slots", buf.size, buf.dtype)
     comm.mark("reduce", 0)
-    comm.exchange(leaf, slot, peer, UP)
-    kernels.reduce_finish_into(mine, slot, op, 2)                   # root of my half: the final value
-    comm.mark("broadcast", 0)
-    comm.exchange(mine, leaf, peer, DOWN)
-
-
-def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: _Small) -> None:
-    """The pipeline above when each half is one segment (small buffers): the same messages, with
-    as few calls into the transport as possible. Here the cost is per call into MPI, not per byte.
-
-    One tag per phase is enough (UP, DOWN): no ordered pair of ranks is child and parent in both
-    trees, since parents are even ranks in tree 0 and odd ones in tree 1 (the last rank of an odd p
-    hangs under 0 and under p - 2)."""
-    p = comm.size
-    inner, leaves = plan
-    # Reduce: my leaf halves go up at once, while my children's partial sums of my inner half arrive.
-    comm.mark("reduce", 0)
-    ups = [(buf[off:off + n], parent) for off, n, parent in leaves]
-    if inner is None:
-        flying = _exchange(comm, ups, [], UP)
-    else:
-        off, n, children, parent = inner
-        mine = buf[off:off + n]
-        slots = [scratch[j * n:(j + 1) * n] for j in range(len(children))]
-        flying = _exchange(comm, ups, list(zip(slots, children)), UP)
-        last = len(slots) - 1
-        for j, slot in enumerate(slots):
-            if parent < 0 and j == last:
-                kernels.reduce_finish_into(mine, slot, op, p)    # root: the final value
-            else:
-                kernels.reduce_into(mine, slot, op)
-        if parent >= 0:
-            flying.append(comm.isend(mine, parent, UP))         # my partial sum goes up
-    wait_all(comm, flying)                                       # the broadcast overwrites what went up
-
-    # Broadcast: finished halves come down from the parents (into the leaf halves that went up);
-    # my inner half goes on to my children.
-    comm.mark("broadcast", 0)
-    if inner is None:
-        flying = _exchange(comm, [], ups, DOWN)
-    else:
-        if parent >= 0:
-            comm.recv(mine, parent, DOWN)                        # the finished half, before forwarding
-        flying = _exchange(comm, [(mine, child) for child in children], ups, DOWN)
-    wait_all(comm, flying)
+    comm.exchange(buf, slot, 1 - comm.rank, SWAP)
+    if not kernels.reduce_finish_split_into(buf, slot, mine_lo, mine_hi, op, 2):   # both halves, one call
+        _finish(buf[mine_lo:mine_hi], slot[mine_lo:mine_hi], op, 2, True)
+        _finish(buf[other_lo:other_hi], slot[other_lo:other_hi], op, 2, False)

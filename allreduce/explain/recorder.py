@@ -202,17 +202,18 @@ class RecordingTransport(Transport):
 
 @contextlib.contextmanager
 def patch_kernels(recording: Recording, *modules) -> Iterator[None]:
-    """Count every reduction call (``reduce_into``, ``reduce_finish_into``, and the two that
-    return whether they did it: ``reduce_first_into``, ``reduce_finish_into_both``) while the
-    block runs.
+    """Count every reduction call (``reduce_into``, ``reduce_finish_into``, and the three that
+    return whether they did it: ``reduce_first_into``, ``reduce_finish_into_both``,
+    ``reduce_finish_split_into``) while the block runs.
 
     Patches ``allreduce.kernels`` and any of ``modules`` that imported the
     functions by name; everything is restored on exit.
     """
     from .. import kernels
-    names = ("reduce_into", "reduce_finish_into", "reduce_first_into", "reduce_finish_into_both")
+    names = ("reduce_into", "reduce_finish_into", "reduce_first_into", "reduce_finish_into_both",
+             "reduce_finish_split_into")
     originals = {name: getattr(kernels, name) for name in names}
-    reports_done = {"reduce_first_into", "reduce_finish_into_both"}   # False: the caller reduces another way
+    reports_done = {"reduce_first_into", "reduce_finish_into_both", "reduce_finish_split_into"}   # False: the caller reduces another way
 
     inside = threading.local()   # reduce_finish_into calls reduce_into: count the outer call only
 

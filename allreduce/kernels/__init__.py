@@ -19,13 +19,15 @@ import numpy as np
 from ..ops import Average, Op, Sum, bfloat16
 from . import cpu, half
 
-__all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "reduce_finish_into_both", "finish",
-           "copy_into"]
+__all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "reduce_finish_into_both",
+           "reduce_finish_split_into", "finish", "copy_into"]
 
 _NATIVE = {Op.SUM: cpu.sum_into, Op.AVERAGE: cpu.sum_into, Op.PRODUCT: cpu.prod_into,
            Op.MIN: cpu.min_into, Op.MAX: cpu.max_into}
 _HALF = {np.dtype(np.float16): half.FLOAT16, bfloat16: half.BFLOAT16}
 _FIRST = {Op.SUM: cpu.sum_first_into, Op.AVERAGE: cpu.sum_first_into, Op.PRODUCT: cpu.prod_first_into}
+_SPLIT = {Op.SUM: cpu.sum_split_into, Op.PRODUCT: cpu.prod_split_into, Op.MIN: cpu.min_split_into,
+          Op.MAX: cpu.max_split_into}
 _BOTH = {Op.SUM: cpu.sum_into_both, Op.PRODUCT: cpu.prod_into_both, Op.MIN: cpu.min_into_both,
          Op.MAX: cpu.max_into_both}
 # The hot paths compare against the module names ``Sum`` and ``Average``, never ``Op.AVERAGE``: on
@@ -90,6 +92,23 @@ def reduce_finish_into_both(dst: np.ndarray, src: np.ndarray, out: np.ndarray, o
         (cpu.sum_avg_into_both if dst.dtype.kind == "f" else cpu.int_sum_avg_into_both)(dst, src, out, nranks)
     else:
         _BOTH[op](dst, src, out)
+    return True
+
+
+def reduce_finish_split_into(dst: np.ndarray, src: np.ndarray, lo: int, hi: int, op: Op, nranks: int) -> bool:
+    """The last reduction with ``dst`` the first operand on ``[lo, hi)`` and ``src`` first elsewhere,
+    in one pass; True if done. float16 and bfloat16 return False (reduce the pieces one by one)."""
+    kind = dst.dtype.kind
+    if kind in "iu" and dst.dtype in _NATIVE_DTYPES:
+        reduce_finish_into(dst, src, op, nranks)        # integer ops are exactly commutative
+        return True
+    if dst.dtype not in _NATIVE_DTYPES:
+        return False
+    if dst.size:
+        if op == Average:
+            cpu.sum_avg_split_into(dst, src, lo, hi, nranks)
+        else:
+            _SPLIT[op](dst, src, lo, hi)
     return True
 
 
