@@ -31,3 +31,17 @@ def test_call_before_init_is_a_type_error():
     import allreduce as ar
     with pytest.raises(TypeError, match="init"):
         ar.allreduce(np.ones(3))
+
+
+@pytest.mark.mpi
+def test_the_issue_one_liner_under_plain_mpirun(tmp_path, monkeypatch):
+    """`mpirun -np 4 python -c "...ar.allreduce(np.ones(10)*ar.rank(), op=ar.Sum)"`: every rank prints
+    ten 6s, and Open MPI's UCX one-sided component stays quiet without allreduce-run's settings
+    (allreduce/transport/mpi.py leaves it out unless the user chose an osc component)."""
+    monkeypatch.delenv("OMPI_MCA_osc", raising=False)     # this process may have set it on import
+    script = tmp_path / "one_liner.py"
+    script.write_text("import allreduce as ar, numpy as np; ar.init(); "
+                      "print(ar.allreduce(np.ones(10)*ar.rank(), op=ar.Sum))\n")
+    proc = mpirun(4, script, timeout=120)
+    assert proc.stdout.splitlines() == ["[6. 6. 6. 6. 6. 6. 6. 6. 6. 6.]"] * 4, proc.stdout
+    assert "UCX" not in proc.stderr, proc.stderr[-2000:]

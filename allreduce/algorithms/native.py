@@ -16,12 +16,12 @@ Cost: whatever the library does; ``select`` fits it like any other.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import kernels
 from ..buffers import Workspace
 from ..ops import Average, Op, Sum, bfloat16
 from ..transport.base import Transport
+from ..transport.mpi import MPI   # mpi4py's MPI, initialised with the transport's Open MPI settings
 
 __all__ = ["allreduce"]
 
