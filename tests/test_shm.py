@@ -222,3 +222,21 @@ def test_many_rejects_mixed_dtypes():
         with pytest.raises(ValueError, match="1-D float32"):
             shm.allreduce_many(comm, [np.ones(3, np.float32), np.ones(3, np.float64)], Op.SUM)
     run_threads(2, body, timeout=30)
+
+
+def test_default_window_follows_oversubscription(monkeypatch):
+    """2 MiB windows while every rank of the node has a core, 4 MiB beyond (shared.window_bytes),
+    the same on every rank; the default call streams through them and select counts them."""
+    from allreduce.algorithms import select
+    assert shared.window_bytes(2, cores=2) == shared.WINDOW_BYTES == 2 << 20
+    assert shared.window_bytes(3, cores=2) == shared.WINDOW_BYTES_OVERSUBSCRIBED == 4 << 20
+    assert shared.window_bytes(4, cores=None) == shared.window_bytes(4, cores=__import__("os").cpu_count())
+    monkeypatch.setattr(shared.os, "cpu_count", lambda: 2)
+    assert select.terms("shm", 2, 16 << 20)[0] == 2 * 8       # two syncs per 2 MiB window
+    assert select.terms("shm", 4, 16 << 20)[0] == 2 * 4       # ... per 4 MiB window
+    seen = []
+    real = shm.windows
+    monkeypatch.setattr(shm, "windows", lambda count, itemsize, slot: seen.append(slot) or real(count, itemsize, slot))
+    inputs = make_inputs(np.random.default_rng(5), 2, 1000, np.float32, Op.SUM)
+    assert_allreduce_ok(run_algorithm(shm.allreduce, inputs, Op.SUM), inputs, Op.SUM)
+    assert seen == [2 << 20] * 2

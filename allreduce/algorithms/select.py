@@ -36,6 +36,8 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
+from ..transport import shared
+
 __all__ = ["choose", "ranked", "predict", "terms", "constants", "measured_times", "source", "DEFAULTS", "default_path",
            "BUILTIN"]
 
@@ -53,7 +55,6 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "shm":  {"alpha": 15e-6, "beta": 0.0,     "gamma": 0.12e-9},
 }
 
-SHM_WINDOW_BYTES = 4 << 20   # shm.SLOT_BYTES, repeated here so this module imports no algorithm
 
 
 def _tree_hops(p: int) -> int:
@@ -77,9 +78,11 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
           segment_bytes: int = 256 << 10) -> tuple[float, float, float]:
     """``(a, b, g)``: latency count and per-byte send/reduce factors of ``algorithm`` on p ranks.
 
-    Only ``tree`` depends on the message size: its pipeline of S segments per
-    half adds a stage up and one down to the one-segment path's hops. Without
-    ``nbytes`` it uses the long-message limit (S >> D).
+    Only ``tree`` and ``shm`` depend on the message size. ``tree``: its pipeline of S
+    segments per half adds a stage up and one down to the one-segment path's hops; without
+    ``nbytes`` it uses the long-message limit (S >> D). ``shm`` counts its windows
+    (:func:`allreduce.transport.shared.window_bytes`: 2 MiB, or 4 MiB with more ranks than
+    cores).
     """
     if p <= 1:
         return 0.0, 0.0, 0.0
@@ -103,7 +106,7 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "shm":
         # Two flag hand-offs per window; each rank reads and writes (7p-6)/p bytes per byte of input.
-        windows = max(1, math.ceil((nbytes or 0) / SHM_WINDOW_BYTES))
+        windows = max(1, math.ceil((nbytes or 0) / shared.window_bytes(p)))
         return 2 * windows, 0.0, (7 * p - 6) / p
     raise ValueError(f"no cost model for algorithm {algorithm!r}")
 

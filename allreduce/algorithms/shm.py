@@ -45,9 +45,12 @@ flag hand-off: microseconds, a scheduler time slice when oversubscribed):
 No message latency (alpha) and no message copies: MPI's point-to-point
 algorithms copy each message into a shared buffer and out again. The
 segment (2 x W x p bytes) is reused every window, so much of the traffic
-above stays in the last-level cache. W trades syncs against cache: with
-more ranks than cores a sync can cost a scheduler time slice, and on the
-2-core development VM at -np 4, W = 4 MiB ran twice as fast as W = 1 MiB.
+above stays in the last-level cache. W trades syncs against cache
+(:func:`allreduce.transport.shared.window_bytes`): with a core per rank a
+sync costs microseconds, and W = 2 MiB keeps the segment in cache (on the
+2-core development VM at -np 2, 4 and 16 MiB ran 1.3-1.6x faster than with
+W = 4 MiB); with more ranks than cores a sync can cost a scheduler time
+slice, and W = 4 MiB ran 1.2-2x faster than 2 MiB at -np 4.
 """
 from __future__ import annotations
 
@@ -62,7 +65,9 @@ from ..transport.base import Transport
 __all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
            "windows"]
 
-SLOT_BYTES = 4 << 20   #: window per rank: milliseconds of work per sync, even oversubscribed
+#: The window per rank when a node runs more ranks than cores (milliseconds of work per sync);
+#: with a core per rank the default is smaller: see :func:`allreduce.transport.shared.window_bytes`.
+SLOT_BYTES = shared.WINDOW_BYTES_OVERSUBSCRIBED
 
 
 def attach(comm: Transport, slot_bytes: int) -> shared.SharedSegment:
@@ -142,7 +147,7 @@ def copy_out(seg: shared.SharedSegment, window, slices, base: int, posted: int) 
 
 
 def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
-              segment_bytes: int = 0, slot_bytes: int = SLOT_BYTES, src: np.ndarray | None = None) -> None:
+              segment_bytes: int = 0, slot_bytes: int | None = None, src: np.ndarray | None = None) -> None:
     """Reduce ``buf`` (contiguous, 1-D) in place across all ranks of ``comm`` through shared memory.
 
     Args:
@@ -151,7 +156,8 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         op: the reduction.
         workspace: unused (the shared segment is the scratch space).
         segment_bytes: unused: there are no messages to pipeline.
-        slot_bytes: window size per rank; a larger buffer streams through it.
+        slot_bytes: window size per rank; a larger buffer streams through it. None: the node's
+            default, :func:`allreduce.transport.shared.window_bytes` (the same on every rank).
         src: out of place: read the input from ``src`` (same size and dtype, contiguous;
             left unchanged) instead of ``buf``. Copy-in reads it anyway, so only my own slice
             is copied into ``buf``, not the whole input (2/p instead of 2 bytes per byte).
@@ -163,7 +169,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
 
 
 def allreduce_many(comm: Transport, bufs: list[np.ndarray], op: Op, *, srcs: list | None = None,
-                   slot_bytes: int = SLOT_BYTES) -> None:
+                   slot_bytes: int | None = None) -> None:
     """:func:`allreduce` of several arrays of one dtype as if they lay back to back in one.
 
     The windows run across the arrays' boundaries, so k arrays cost the syncs of one buffer of
@@ -186,9 +192,11 @@ def allreduce_many(comm: Transport, bufs: list[np.ndarray], op: Op, *, srcs: lis
     _stream(comm, Pieces(bufs), source, op, slot_bytes)
 
 
-def _stream(comm: Transport, buf, src, op: Op, slot_bytes: int) -> None:
+def _stream(comm: Transport, buf, src, op: Op, slot_bytes: int | None) -> None:
     """The three steps, window after window, over ``buf`` (an array or Pieces)."""
     p = comm.size
+    if slot_bytes is None:
+        slot_bytes = shared.window_bytes(p)
     if p == 1 or buf.size == 0:
         source = buf if src is None else src
         for (_, out), (_, inp) in zip(parts(buf, 0, buf.size), parts(source, 0, buf.size)):
