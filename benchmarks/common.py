@@ -267,12 +267,14 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     from allreduce.config import ENV_VARIABLES
     env = "".join(f"{k}={shlex.quote(os.environ[k])} " for k in ENV_VARIABLES if k in os.environ)
     mca = "".join(f"--mca {name} {shlex.quote(os.environ['OMPI_MCA_' + name])} " for name in _SHOWN_MCA
-                  if "OMPI_MCA_" + name in os.environ)
+                  if os.environ.get("OMPI_MCA_" + name, _DEFAULT_MCA.get(name)) != _DEFAULT_MCA.get(name))
     launcher = f"mpirun {mca}-np {size} " if size else ""
     return env + launcher + "python " + " ".join(shlex.quote(a) for a in argv)
 
 
 _SHOWN_MCA = ("btl", "pml", "coll", "osc")
+# What allreduce itself sets unless told otherwise (allreduce/transport/mpi.py, allreduce-run): not a user's choice.
+_DEFAULT_MCA = {"osc": "^ucx"}
 
 
 def write_json(path: str, payload: dict[str, Any], records: Iterable[dict[str, Any]]) -> None:

@@ -198,3 +198,15 @@ def test_sweep_warm_up_runs_every_algorithm_alike():
     assert allreduce_bench.parse_args(["--warmup-seconds", "0"]).warmup_seconds == 0
     with pytest.raises(SystemExit):
         allreduce_bench.parse_args(["--warmup-seconds", "-1"])
+
+
+def test_command_line_shows_chosen_mca_but_not_the_library_default(monkeypatch):
+    from allreduce.config import ENV_VARIABLES
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_MCA_osc", "^ucx")          # what allreduce sets itself: not shown
+    monkeypatch.setenv("OMPI_MCA_btl", "tcp,self")      # a user's choice: shown
+    assert common.command_line(["b.py"]) == "mpirun --mca btl tcp,self -np 2 python b.py"
+    monkeypatch.setenv("OMPI_MCA_osc", "sm")
+    assert common.command_line(["b.py"]) == "mpirun --mca btl tcp,self --mca osc sm -np 2 python b.py"
