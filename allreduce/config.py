@@ -172,5 +172,11 @@ def _btl_shares_memory(btl: str) -> bool:
     return not shared if btl.startswith("^") else shared
 
 
+#: Open MPI settings allreduce applies unless the user chose otherwise: in ``allreduce-run``, and
+#: in every rank before MPI starts (:mod:`allreduce.transport.mpi`, for a plain ``mpirun``). Open
+#: MPI's UCX one-sided component prints a spurious error on machines without UCX hardware when
+#: shm opens its MPI-3 shared window; the shared-memory component serves that window.
+OPEN_MPI_DEFAULTS = {"OMPI_MCA_osc": "^ucx"}
+
 #: Every environment variable :meth:`Config.from_env` reads (benchmarks print the ones that are set).
 ENV_VARIABLES = tuple(Config._ENV.values())

@@ -33,6 +33,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .config import OPEN_MPI_DEFAULTS
+
 __all__ = ["build_command", "find_mpirun", "main"]
 
 USAGE = "usage: allreduce-run -np N [-H HOSTS] [--hostfile F] [--dry-run] [mpirun flags...] [--] COMMAND [ARGS...]"
@@ -142,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if dry:
         print(shlex.join(cmd))
         return 0
-    env = dict(os.environ)
-    # Open MPI's UCX one-sided component prints a spurious error on machines without UCX
-    # hardware when shm opens its MPI-3 shared window; the shared-memory component serves it.
-    env.setdefault("OMPI_MCA_osc", "^ucx")
+    env = {**OPEN_MPI_DEFAULTS, **os.environ}       # the library's Open MPI settings, unless the user's
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -264,17 +264,16 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
     # Settings that change what is measured: our own (allreduce.config's variables) and the MPI transport chosen
     # with mpirun --mca (which Open MPI hands to the ranks as OMPI_MCA_<name>).
-    from allreduce.config import ENV_VARIABLES
+    from allreduce.config import ENV_VARIABLES, OPEN_MPI_DEFAULTS
     env = "".join(f"{k}={shlex.quote(os.environ[k])} " for k in ENV_VARIABLES if k in os.environ)
     mca = "".join(f"--mca {name} {shlex.quote(os.environ['OMPI_MCA_' + name])} " for name in _SHOWN_MCA
-                  if os.environ.get("OMPI_MCA_" + name, _DEFAULT_MCA.get(name)) != _DEFAULT_MCA.get(name))
+                  if "OMPI_MCA_" + name in os.environ     # and not allreduce's own default: no user's choice
+                  and os.environ["OMPI_MCA_" + name] != OPEN_MPI_DEFAULTS.get("OMPI_MCA_" + name))
     launcher = f"mpirun {mca}-np {size} " if size else ""
     return env + launcher + "python " + " ".join(shlex.quote(a) for a in argv)
 
 
 _SHOWN_MCA = ("btl", "pml", "coll", "osc")
-# What allreduce itself sets unless told otherwise (allreduce/transport/mpi.py, allreduce-run): not a user's choice.
-_DEFAULT_MCA = {"osc": "^ucx"}
 
 
 def write_json(path: str, payload: dict[str, Any], records: Iterable[dict[str, Any]]) -> None:

@@ -1,5 +1,6 @@
 """Shared-memory allreduce: the algorithm on thread ranks (exhaustive), race stress, errors, MPI."""
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -230,8 +231,8 @@ def test_default_window_follows_oversubscription(monkeypatch):
     from allreduce.algorithms import select
     assert shared.window_bytes(2, cores=2) == shared.WINDOW_BYTES == 2 << 20
     assert shared.window_bytes(3, cores=2) == shared.WINDOW_BYTES_OVERSUBSCRIBED == 4 << 20
-    assert shared.window_bytes(4, cores=None) == shared.window_bytes(4, cores=__import__("os").cpu_count())
-    monkeypatch.setattr(shared.os, "cpu_count", lambda: 2)
+    assert shared.window_bytes(4, cores=None) == shared.window_bytes(4, cores=os.cpu_count())
+    monkeypatch.setattr(shared, "_CORES", 2)
     assert select.terms("shm", 2, 16 << 20)[0] == 2 * 8       # two syncs per 2 MiB window
     assert select.terms("shm", 4, 16 << 20)[0] == 2 * 4       # ... per 4 MiB window
     seen = []

@@ -21,13 +21,14 @@ import functools
 import os
 import time
 
-# Open MPI's UCX one-sided component prints a spurious error on machines without UCX hardware
-# when shm opens its MPI-3 shared window; the shared-memory component serves the window. Under
-# a plain mpirun (allreduce-run sets the same) leave UCX out, unless the user chose otherwise.
-# Open MPI reads OMPI_MCA_* from each process's environment when mpi4py initialises MPI.
-os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+from ..config import OPEN_MPI_DEFAULTS
 
-from mpi4py import MPI  # noqa: E402  (after the setting above, which MPI_Init reads)
+# Open MPI reads OMPI_MCA_* from each process's environment when mpi4py initialises MPI, so
+# under a plain mpirun the library's defaults apply too (allreduce-run sets the same).
+for _name, _value in OPEN_MPI_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
+
+from mpi4py import MPI  # noqa: E402  (after the settings above, which MPI_Init reads)
 
 from ..errors import TransportTimeoutError
 from .base import Transport

@@ -58,6 +58,7 @@ _PAGE = 4096             #: data starts page-aligned, so every dtype view is ali
 _SPINS = 100             #: tight polls first: an unloaded peer is usually a few microseconds away
 _YIELDS = 2000           #: then sched_yield polls: an oversubscribed peer needs this core to get there
 _SLEEP = 50e-6           #: then sleep between polls, so a long wait costs no CPU
+_CORES = os.cpu_count() or 1   #: the machine's CPUs, read once (os.cpu_count costs ~6 us a call)
 
 _cache: "weakref.WeakKeyDictionary[object, dict[int, SharedSegment]]" = weakref.WeakKeyDictionary()
 _thread_states: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
@@ -224,8 +225,8 @@ def window_bytes(nranks: int, cores: int | None = None) -> int:
     inputs, outputs and 4 MiB segments then fit the 32 MiB L3); at -np 4, oversubscribed,
     4 MiB windows ran 1.2-2x faster than 2 MiB ones.
     """
-    cores = os.cpu_count() if cores is None else cores
-    return WINDOW_BYTES_OVERSUBSCRIBED if nranks > (cores or 1) else WINDOW_BYTES
+    cores = _CORES if cores is None else cores
+    return WINDOW_BYTES_OVERSUBSCRIBED if nranks > cores else WINDOW_BYTES
 
 
 def attach(comm, nbytes: int) -> SharedSegment:
