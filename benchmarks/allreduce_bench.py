@@ -297,7 +297,7 @@ def report(args, rows: list[common.Row], header: list[str], notes: list[str]) ->
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from mpi4py import MPI
+    from allreduce.transport.mpi import MPI   # MPI starts with the library's Open MPI defaults
     import allreduce as ar
     mpi = MPI.COMM_WORLD
     rank, p = mpi.Get_rank(), mpi.Get_size()
@@ -307,6 +307,7 @@ def main(argv=None) -> int:
     _progress(rank, "measuring memory bandwidth")
     b_mem = measure_membw(mpi, args.membw_mib << 20)
     gamma = membw.reduce_gamma(min(32 << 20, args.membw_mib << 20)) if rank == 0 else 0.0
+    cross = membw.cross_core(comm.transport)
     _progress(rank, "measuring the metadata check")
     check_us = measure_check_cost(mpi)
     bound = membw.allreduce_bound(b_mem, p)
@@ -316,6 +317,9 @@ def main(argv=None) -> int:
         f"# bound: allreduce algbw <= B_mem/(2p) = {bound / 1e9:.3f} GB/s"
         f" (busbw {bound * common.bus_factor('allreduce', p) / 1e9:.3f} GB/s); %bound = algbw / bound;"
         " a DRAM bound: messages that stay in cache can pass it",
+    ] + ([f"# cross-core, ranks 0 and 1, 2 MiB through shared memory: {cross[0] / 1e9:.1f} GB/s reading lines "
+          f"the peer wrote, {cross[1] / 1e9:.1f} GB/s rewriting lines the peer read (shm needs the second high: "
+          "benchmarks/membw.py)"] if cross else []) + [
         f"# metadata check (check=True) adds {check_us:.1f} us per collective call; rows below use check=False",
         (f"# every algorithm first runs round-robin on the first size for {args.warmup_seconds:g} s; "
          if args.warmup_seconds else "# ")
@@ -335,7 +339,9 @@ def main(argv=None) -> int:
                        "cold_mib": args.cold,
                        "dtype": args.datatype, "op": args.op, "membw_gbps": b_mem / 1e9,
                        "bound_algbw_gbps": bound / 1e9 if args.collective == "allreduce" else None,
-                       "gamma_s_per_byte": gamma, "check_cost_us": check_us, "notes": notes,
+                       "gamma_s_per_byte": gamma,
+                       "cross_core_gbps": None if cross is None else {"read": cross[0] / 1e9,
+                                                                       "rewrite": cross[1] / 1e9}, "check_cost_us": check_us, "notes": notes,
                        "auto_picks": {str(r.size_bytes): comm.auto_picks[r.size_bytes] for r in rows
                                       if r.algorithm == "auto" and r.size_bytes in comm.auto_picks}}
             common.write_json(args.json, payload, (r.record() for r in rows))

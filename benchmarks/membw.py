@@ -12,6 +12,19 @@ beat it, which is why the bound matters at the large sizes. B_mem is measured wi
 the largest copy numpy does at memory speed (``np.copyto``, 256 MiB by
 default, best of several); a copy of n bytes moves 2n bytes.
 
+``cross_core`` measures what algorithm ``shm`` lives on: bytes moving from
+one core's cache to another's through a shared segment. Rank 1 rewrites a
+2 MiB region that rank 0 read the round before (each written line must first
+be taken back from rank 0's cache), then rank 0 reads it (each line comes
+from rank 1's cache). On the 2-core development VM both swing from one launch
+to the next (reads 5-13 GB/s, rewrites 2-15 GB/s: the VM places its vCPUs
+anew, and we cannot see where), and shm is fast only when rewrites are: in
+ten launches by hand, 16 MiB at -np 2 took 3.2-3.7 ms in those that rewrote
+at 7.6 GB/s or more and 6.2-7.9 ms in those at 6.5 GB/s or less, while
+native MPI took 5.0-5.7 ms in all of them. The state can also change within
+a launch, after the probe. The allreduce benchmark prints both figures in
+its header, so a reader can tell which state a run started in.
+
 ``reduce_gamma`` measures the cost-model constant gamma (seconds per byte
 reduced) with the library's own kernel, for ``fit_costmodel.py``: beta and
 gamma always appear together as ``b*n*beta + g*n*gamma`` with b/g fixed per
@@ -26,7 +39,7 @@ import time
 
 import numpy as np
 
-__all__ = ["copy_bandwidth", "reduce_gamma", "allreduce_bound"]
+__all__ = ["copy_bandwidth", "cross_core", "reduce_gamma", "allreduce_bound"]
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 5) -> float:
@@ -48,6 +61,57 @@ def copy_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best
+
+
+def cross_core(transport, nbytes: int = 2 << 20, *, rounds: int = 50) -> tuple[float, float] | None:
+    """Cache-to-cache bandwidth between ranks 0 and 1 of ``transport`` through a shared segment.
+
+    Collective: every rank of ``transport`` calls it; ranks other than 0 and 1 only wait.
+
+    Args:
+        transport: a transport whose ranks share memory (MPI on one node, or threads).
+        nbytes: the region rewritten and read each round.
+        rounds: how many rewrite-then-read rounds to time.
+
+    Returns:
+        ``(read, rewrite)`` in bytes/s, the same on every rank: rank 0 reading lines rank 1
+        just wrote, and rank 1 rewriting lines rank 0 just read. None with one rank, or
+        when the ranks share no memory (several nodes).
+    """
+    from allreduce.algorithms import rd
+    from allreduce.buffers import Workspace
+    from allreduce.ops import Sum
+    from allreduce.transport import shared
+    if transport.size < 2:
+        return None
+    try:
+        seg = shared.attach(transport, nbytes)
+    except ValueError:                                  # several nodes: nothing to share
+        return None
+    me = transport.rank
+    count = nbytes // 8
+    region = seg.data(1, np.float64, count)
+    mine = np.ones(count) if me in (0, 1) else None
+    read = write = 0.0
+    transport.barrier()
+    for k in range(rounds + 1):                         # round 0, untimed, maps the pages
+        if k == 1:
+            read = write = 0.0
+        if me == 1:
+            start = time.perf_counter()
+            np.copyto(region, mine)                     # lines rank 0 read last round
+            write += time.perf_counter() - start
+            seg.wait(0, seg.post())
+        elif me == 0:
+            seg.wait(1, seg.seq + 1)                    # the two flags count the rounds in step
+            start = time.perf_counter()
+            np.copyto(mine, region)                     # lines rank 1 just wrote
+            read += time.perf_counter() - start
+            seg.post()                                  # rank 1 may rewrite them
+    times = np.array([read if me == 0 else 0.0, write if me == 1 else 0.0])
+    rd.allreduce(transport, times, Sum, workspace=Workspace())   # both figures on every rank
+    moved = rounds * count * 8
+    return moved / times[0], moved / times[1]
 
 
 def reduce_gamma(nbytes: int = 32 << 20, *, dtype=np.float32, repeats: int = 5) -> float:

@@ -1,6 +1,8 @@
 """The benchmark's arithmetic, formats and checks (no timing is asserted anywhere)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -210,3 +212,23 @@ def test_command_line_shows_chosen_mca_but_not_the_library_default(monkeypatch):
     assert common.command_line(["b.py"]) == "mpirun --mca btl tcp,self -np 2 python b.py"
     monkeypatch.setenv("OMPI_MCA_osc", "sm")
     assert common.command_line(["b.py"]) == "mpirun --mca btl tcp,self --mca osc sm -np 2 python b.py"
+
+
+def test_cross_core_probe_on_threads():
+    """Both figures reach every rank; one rank has nobody to share with."""
+    from allreduce.transport.threads import ThreadWorld
+    from benchmarks import membw
+    world = ThreadWorld(3)
+    out = [None] * 3
+
+    def rank(r):
+        out[r] = membw.cross_core(world.transport(r), 1 << 16, rounds=5)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(o is not None and o == out[0] for o in out)
+    assert all(0 < v < float("inf") for v in out[0])
+    assert membw.cross_core(ThreadWorld(1).transport(0)) is None
