@@ -181,7 +181,7 @@ def test_ranks_submitting_from_their_own_threads_at_random_times(capacity):
 
 
 def test_long_idle_stretches_cycles_in_lockstep_and_a_submit_still_completes():
-    from allreduce.engine.engine import IDLE_CYCLES, IDLE_FACTOR
+    from allreduce.engine.pacing import IDLE_CYCLES, IDLE_FACTOR
     with engines(2, cycle_time=0.1) as engs:
         deadline = time.monotonic() + 30
         while engs[0].negotiator.idle < IDLE_CYCLES and time.monotonic() < deadline:
@@ -224,7 +224,7 @@ def test_a_waiting_caller_ends_the_burst_and_fused_results_leave_inputs_alone():
     """The engine waits for submits to pause (BURST_GAP x cycle_time) before a cycle, unless a caller
     already blocks on a handle: then it starts at once. A plain fused batch is reduced in its packed
     array, so the results share memory with each other and never with the inputs."""
-    from allreduce.engine.engine import BURST_GAP
+    from allreduce.engine.pacing import BURST_GAP
     cycle = 2000.0                                  # ms: a burst gap of 0.4 s would be unmistakable
     with engines(2, cycle_time=cycle) as engs:
         inputs = [[np.full(5, r + 1.0), np.full(3, 10.0 * (r + 1))] for r in range(2)]

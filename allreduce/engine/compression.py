@@ -33,8 +33,9 @@ from numba import njit
 
 from ..kernels import half
 from ..kernels.half import _encode
+from ..ops import SUPPORTED_DTYPES
 
-__all__ = ["Compressor", "NoneCompressor", "HalfCompressor", "Compression", "check_compressor"]
+__all__ = ["Compressor", "NoneCompressor", "HalfCompressor", "Compression", "check_compressor", "precompress"]
 
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -258,3 +259,20 @@ def check_compressor(compression) -> Compressor:
                             f"compress(), decompress() and name; {compression!r} has no {attr!r}")
     return compression
 
+
+def precompress(entry, rank: int) -> Exception | None:
+    """Run a custom compressor (one with no wire dtype) on an engine entry, once, before
+    negotiation: set ``entry.payload``, ``entry.ctx`` and the payload's part of ``entry.meta``
+    (so ranks whose payloads differ fail the negotiation, naming them). Returns the error to
+    fail the entry with, or None."""
+    try:
+        payload, entry.ctx = entry.compressor.compress(entry.array)
+    except Exception as exc:  # noqa: BLE001 - reported on the handle
+        return exc
+    if not isinstance(payload, np.ndarray) or payload.dtype not in SUPPORTED_DTYPES:
+        kind = type(payload).__name__ + ("" if payload is None else f" of {getattr(payload, 'dtype', '?')}")
+        return TypeError(f"rank {rank}: compressor {entry.compressor.name!r} returned a {kind} for tensor "
+                         f"{entry.name!r}; a payload must be a numpy array of a supported dtype")
+    entry.payload = np.ascontiguousarray(payload).reshape(-1)
+    entry.meta = entry.meta[:3] + (f"{entry.compressor.name} -> {entry.payload.dtype}[{entry.payload.size}]",)
+    return None

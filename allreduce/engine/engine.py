@@ -24,26 +24,8 @@ Tests run p engines as p threads over one ``ThreadWorld``::
 Shutdown on any rank stops every rank's engine at the same cycle: tensors
 ready everywhere are still reduced, the rest fail with ``ShutdownError``.
 
-Cycles are at most ``cycle_time`` apart while work is pending, and start
-early when work comes: a submit wakes the engine, which waits until submits
-pause for ``BURST_GAP`` x ``cycle_time`` (0.2 ms at the default 1 ms), or
-until a caller blocks on a handle, and then runs a cycle. Tensors submitted
-back to back therefore fuse, and a lone tensor's round trip is one
-negotiation and one allreduce, not a whole cycle (Horovod's fixed cycle
-costs ~1 ms here).
-
-Idle: after ``IDLE_CYCLES`` cycle with nothing pending on any rank (a count
-every rank shares), cycles stretch to ``IDLE_FACTOR`` x ``cycle_time``. This
-matters in training: between two steps' gradients the ranks compute for
-milliseconds, and a 1 ms cycle would interrupt that compute with a tiny
-exchange every millisecond (on the 2-core VM, 8 of them per step cost 20%
-of the step). No tensor waits for the stretch: a rank's submit wakes its own
-engine, so a cycle starts once the last rank has submitted, which is as soon
-as any cycle could agree on the tensor. Only a tensor that some rank never
-submits waits up to one stretched cycle before the stall inspector sees it.
-While a caller is blocked on a handle, cycles come every ``BURST_GAP`` x
-``cycle_time``: a cycle that met a peer not yet ready (it was in a cycle for
-other work) must not make the next try wait a whole period.
+When cycles run (early on a burst of submits, stretched while idle) is
+:mod:`.pacing`'s job.
 """
 from __future__ import annotations
 
@@ -53,36 +35,24 @@ import time
 
 import numpy as np
 
-from .. import algorithms
 from ..comm import Communicator
 from ..config import Config
 from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
-from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
+from ..ops import Op, as_op, check_dtype
 from ..transport.base import Transport
-from .compression import check_compressor
+from .compression import check_compressor, precompress
 from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion, plan
 from .handle import Entry, GroupHandle, Handle
 from .negotiation import Negotiator
+from .pacing import Pacer, tight_timer_slack
+from .reducer import Reducer
 from .stall import StallInspector, stall_error
-from .timeline import Timeline, TimelineTransport, timeline_path
+from .timeline import Timeline, TimelineTransport, timeline_path, trace_negotiation
 
 __all__ = ["Engine"]
 
 log = logging.getLogger("allreduce.engine")
 
-IDLE_CYCLES = 1      # one cycle with nothing pending anywhere, and cycles stretch
-IDLE_FACTOR = 20
-BURST_GAP = 0.2      # x cycle_time: a cycle starts once submits have paused this long
-
-
-def _tight_timer_slack() -> None:
-    """Let this thread's short sleeps end on time (Linux): the default 50 us timer slack adds
-    that much to every pause of the cycle, which a 0.2 ms burst gap cannot afford."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)   # PR_SET_TIMERSLACK, 1 us
-    except (OSError, AttributeError):
-        pass
 
 
 class Engine:
@@ -105,17 +75,14 @@ class Engine:
             if config.timeline else None
         self.transport = TimelineTransport(transport) if self.timeline else transport
         self.comm = Communicator(self.transport, config=config, local_size=local_size, cold=True)
-        self.negotiator = Negotiator(self.rank, self.size, self._control, self.comm.allgather_object,
+        self.reducer = reducer = Reducer(self.transport, self.comm, config)
+        self.negotiator = Negotiator(self.rank, self.size, reducer.control, self.comm.allgather_object,
                                      capacity=config.cache_capacity)
-        # Direct batches on one node go through one many-array call (shm's windows run across the
-        # arrays): see _allreduce_many. Elsewhere each array of a direct batch is a call of its own.
-        self.many = config.algorithm if config.algorithm in algorithms.MANY else next(
-            (n for n in self.comm.auto_candidates if n in algorithms.MANY), None) \
-            if config.algorithm == "auto" else None
+        self.many = reducer.many                          # shm on one node: see Reducer.allreduce_many
         self.direct_bytes = MANY_DIRECT_BYTES if self.many else DIRECT_BYTES
-        self.fusion = Fusion(self.rank, self.size, self._allreduce, self.comm.workspace, self.timeline,
-                             self.transport if self.timeline else None, control=self._control,
-                             allreduce_many=self._allreduce_many)
+        self.fusion = Fusion(self.rank, self.size, reducer.allreduce, self.comm.workspace, self.timeline,
+                             self.transport if self.timeline else None, control=reducer.control,
+                             allreduce_many=reducer.allreduce_many)
         self.stall = StallInspector(self.rank, self.size, check_time=config.stall_check_time,
                                     shutdown_time=config.stall_shutdown_time)
         self.pending: dict[str, Entry] = {}
@@ -125,11 +92,7 @@ class Engine:
         self._inflight: set[str] = set()
         self._stopping = False
         self._stopped: BaseException | None = None        # why the engine no longer accepts work
-        self._wake = threading.Event()
-        self._last_submit = 0.0
-        self._waited = False              # a caller blocks on a queued handle: its burst is over
-        self._blocked = 0                 # callers blocked on handles right now
-        self._blocked_lock = threading.Lock()
+        self.pacer = Pacer(config.cycle_time / 1000.0)
         self._unnamed = 0
         self._thread = threading.Thread(target=self._run, name=f"allreduce-engine-rank{self.rank}", daemon=True)
         self._thread.start()
@@ -159,7 +122,7 @@ class Engine:
         check_dtype(x.dtype, op)
         compressor = check_compressor(compression)
         self._check_name(name)
-        handle = Handle(name, self._hurry)
+        handle = Handle(name, self.pacer.hurry)
         self._enqueue(Entry(name, x, op, compressor, handle, inplace))   # copies a non-contiguous x first
         return handle
 
@@ -184,7 +147,7 @@ class Engine:
         self._check_name(name)
         joint = np.concatenate(arrays, axis=None)                # flattens and packs in one pass
         shapes = [tuple(a.shape) for a in arrays]
-        handle = Handle(name, self._hurry)
+        handle = Handle(name, self.pacer.hurry)
         entry = Entry(name, joint, op, compressor, handle, inplace=True)  # our own copy: reduced in it
         entry.meta = (tuple(shapes),) + entry.meta[1:]
         self._enqueue(entry)
@@ -212,9 +175,7 @@ class Engine:
                                            "wait for its handle before submitting the name again")
             self._inflight.add(name)
             self._queue.append(entry)
-        self._last_submit = time.monotonic()
-        if not self._wake.is_set():          # Event.set takes a lock and notifies: only when it is needed
-            self._wake.set()                 # the engine starts a cycle once this burst of submits ends
+        self.pacer.submitted()              # the engine starts a cycle once this burst of submits ends
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the engine on every rank (at the same cycle) and join its thread.
@@ -224,7 +185,7 @@ class Engine:
         """
         with self._lock:
             self._stopping = True
-        self._wake.set()
+        self.pacer.wake()
         if self._thread is not threading.current_thread():
             self._thread.join(self.config.timeout + 5 if timeout is None else timeout)
         if self._thread.is_alive():
@@ -239,16 +200,13 @@ class Engine:
 
     # -- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
-        period = self.config.cycle_time / 1000.0
-        _tight_timer_slack()
+        tight_timer_slack()
         try:
             while True:
                 start = time.monotonic()
                 if self._cycle():
                     break
-                idle = self.negotiator.idle >= IDLE_CYCLES
-                wait = BURST_GAP if self._blocked else IDLE_FACTOR if idle else 1
-                self._pause(start + period * wait, period * BURST_GAP)
+                self.pacer.pause(start, idle=self.negotiator.idle, stopping=lambda: self._stopping)
         except BaseException as exc:  # noqa: BLE001 - every handle must learn about it
             log.error("rank %d: allreduce engine failed: %s: %s", self.rank, type(exc).__name__, exc)
             error = exc if isinstance(exc, AllreduceError) else AllreduceError(
@@ -261,42 +219,6 @@ class Engine:
                 self.timeline.close()
             self.comm.close()
 
-    def _hurry(self, delta: int) -> None:
-        """A caller blocks on a handle (+1; -1 when it returns). It submits nothing more meanwhile,
-        so start the cycle now; and while it waits, cycles come every ``BURST_GAP`` x
-        ``cycle_time``, not every ``cycle_time``: a cycle that found a peer not yet ready must
-        not cost the next one a whole period (a 4-byte round trip took 1.3 ms that way, by hand).
-        """
-        with self._blocked_lock:
-            self._blocked += delta
-        if delta > 0:
-            self._waited = True
-            self._wake.set()
-
-    def _pause(self, deadline: float, gap: float) -> None:
-        """Sleep until ``deadline``, or until a burst of submits has ended, whichever comes first.
-
-        A burst has ended when no submit came for ``gap`` seconds, or at once
-        when a caller blocks on a handle (a thread that waits submits nothing
-        meanwhile): tensors submitted back to back (a loop, a backward pass)
-        still go into one cycle and fuse, while a lone tensor starts its cycle
-        as soon as its caller waits for it, not after the whole period.
-        """
-        woke = self._wake.wait(max(0.0, deadline - time.monotonic()))
-        if self._stopping:
-            return
-        self._wake.clear()
-        while woke:
-            if self._waited or self._stopping:
-                self._waited = False
-                return
-            now = time.monotonic()
-            quiet = now - self._last_submit
-            if quiet >= gap or now >= deadline:
-                return
-            self._wake.wait(min(gap - quiet, deadline - now))   # a submit or a waiter ends it early
-            self._wake.clear()
-
     def _cycle(self) -> bool:
         """One cycle; True when the engine stops."""
         self.cycles += 1
@@ -306,7 +228,7 @@ class Engine:
         out = self.negotiator.negotiate(self.pending, shutdown=stopping, cutoff=cutoff)
         agreed = time.monotonic()
         if self.timeline is not None:
-            self._trace_negotiation(out.ranks, out.ready, agreed)
+            trace_negotiation(self.timeline, self.pending, out.ranks, out.ready, agreed, self.size)
         for name, error in out.errors.items():
             self._finish(self.pending.pop(name), error)
         for name, (ready, missing) in out.stalled.items():
@@ -352,61 +274,11 @@ class Engine:
                 self.timeline.span(entry.name, "QUEUE", entry.submitted, now)
             entry.submitted = now
             if entry.compressor.wire_dtype(entry.flat.dtype) is None:
-                try:                                   # a custom compressor: compress now, once
-                    payload, entry.ctx = entry.compressor.compress(entry.array)
-                except Exception as exc:  # noqa: BLE001 - reported on the handle
-                    self._finish(entry, exc)
+                error = precompress(entry, self.rank)   # a custom compressor: compress now, once
+                if error is not None:
+                    self._finish(entry, error)
                     continue
-                if not isinstance(payload, np.ndarray) or payload.dtype not in SUPPORTED_DTYPES:
-                    self._finish(entry, TypeError(
-                        f"rank {self.rank}: compressor {entry.compressor.name!r} returned a "
-                        f"{type(payload).__name__}{'' if payload is None else ' of ' + str(getattr(payload, 'dtype', '?'))}"
-                        f" for tensor {entry.name!r}; a payload must be a numpy array of a supported dtype"))
-                    continue
-                entry.payload = np.ascontiguousarray(payload).reshape(-1)
-                entry.meta = entry.meta[:3] + (f"{entry.compressor.name} -> {entry.payload.dtype}"
-                                               f"[{entry.payload.size}]",)
             self.pending[entry.name] = entry
-
-    def _control(self, buf: np.ndarray, op: Op) -> str:
-        """Reduce a small control vector (negotiation, overflow flags) with recursive doubling over
-        the engine's transport: every wait is bounded, so a peer whose engine stopped turns into a
-        ``TransportTimeoutError`` here instead of a hang in ``MPI_Allreduce``."""
-        algorithms.get("rd")(self.transport, buf, op, workspace=self.comm.workspace, segment_bytes=0)
-        return "rd"
-
-    def _allreduce(self, buf: np.ndarray, op: Op, src: np.ndarray | None = None) -> str:
-        """Reduce ``buf`` in place (or ``src`` into ``buf``) with the configured algorithm; return
-        the algorithm's name."""
-        name = self.config.algorithm
-        if name == "auto":
-            name = self.comm.pick(buf.nbytes)
-        algorithms.run(name, self.transport, buf, op, workspace=self.comm.workspace,
-                       segment_bytes=self.config.segment_bytes, src=src)
-        return name
-
-    def _allreduce_many(self, bufs: list, op: Op, srcs: list) -> str:
-        """:meth:`_allreduce` of several arrays of one dtype (a direct batch): one call of the
-        many-array algorithm where there is one (:attr:`many`: shm on one node), else one call
-        each, chosen per size (a lone array, too: the model's pick for its size, as a blocking call).
-
-        On one node the many-call is taken even where the cost model ranks another algorithm
-        first for the batch's total size: that one would need a call per array (or a copy into a
-        joint buffer), which the model does not price. ResNet-50's gradients in place, -np 2,
-        interleaved with a raw allreduce of the same bytes (median of 20, two runs): 38 and 33 ms
-        a step with the model's per-array choices for the 29 tensors of 1 MiB and up (mpi and
-        shm, on this VM's cold table) and the rest fused, 26 and 25 ms with its 52 tensors of
-        64 KiB and up in one shm many-call, raw 26 and 23 ms.
-        """
-        name = self.many if len(bufs) > 1 else None      # one array: one call of the model's pick
-        if name is None:
-            name = self.config.algorithm
-            if name == "auto":
-                name = self.comm.pick(sum(b.nbytes for b in bufs))
-            if name not in algorithms.MANY:
-                return "+".join(sorted({self._allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
-        algorithms.run_many(name, self.transport, bufs, op, srcs=srcs)
-        return name
 
     def _finish(self, entry: Entry, result) -> None:
         # No lock: set.discard is atomic in CPython, and the engine thread taking the submit
@@ -428,16 +300,3 @@ class Engine:
         for entry in list(self.pending.values()) + queue:
             self._finish(entry, error)
         self.pending.clear()
-
-    def _trace_negotiation(self, ranks: dict, ready: list[str], agreed: float) -> None:
-        tl = self.timeline
-        for name, who in ranks.items():
-            entry = self.pending.get(name)
-            if entry is None:
-                continue
-            for r in sorted(who - entry.seen):
-                tl.instant(name, f"rank {r} ready", agreed, {"rank": r})
-            entry.seen |= who
-        for name in ready:
-            entry = self.pending[name]
-            tl.span(name, "NEGOTIATE", entry.submitted, agreed, {"ranks": self.size})

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from ..transport.base import Transport
 
-__all__ = ["Timeline", "TimelineTransport", "timeline_path"]
+__all__ = ["Timeline", "TimelineTransport", "timeline_path", "trace_negotiation"]
 
 
 def timeline_path(path: str, rank: int) -> Path:
@@ -160,3 +160,20 @@ class TimelineTransport(Transport):
                 phases.append([phase, t, t, {step}])
         return [(phase, start, phases[i + 1][1] if i + 1 < len(phases) else end, len(steps))
                 for i, (phase, start, _, steps) in enumerate(phases)]
+
+
+def trace_negotiation(tl: Timeline, pending: dict, ranks: dict, ready: list[str], agreed: float,
+                      size: int) -> None:
+    """One cycle's negotiation on the timeline: an instant per rank newly seen ready for each
+    pending tensor (``ranks``: name -> ranks ready so far), and a NEGOTIATE span, from submit to
+    ``agreed``, for each tensor every rank was ready for (``ready``)."""
+    for name, who in ranks.items():
+        entry = pending.get(name)
+        if entry is None:
+            continue
+        for r in sorted(who - entry.seen):
+            tl.instant(name, f"rank {r} ready", agreed, {"rank": r})
+        entry.seen |= who
+    for name in ready:
+        entry = pending[name]
+        tl.span(name, "NEGOTIATE", entry.submitted, agreed, {"ranks": size})
