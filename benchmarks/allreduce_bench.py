@@ -318,8 +318,8 @@ def main(argv=None) -> int:
         f" (busbw {bound * common.bus_factor('allreduce', p) / 1e9:.3f} GB/s); %bound = algbw / bound;"
         " a DRAM bound: messages that stay in cache can pass it",
     ] + ([f"# cross-core, ranks 0 and 1, 2 MiB through shared memory: {cross[0] / 1e9:.1f} GB/s reading lines "
-          f"the peer wrote, {cross[1] / 1e9:.1f} GB/s rewriting lines the peer read (shm needs the second high: "
-          "benchmarks/membw.py)"] if cross else []) + [
+          f"the peer wrote, {cross[1] / 1e9:.1f} GB/s rewriting lines the peer read, before the sweep "
+          "(benchmarks/membw.py)"] if cross else []) + [
         f"# metadata check (check=True) adds {check_us:.1f} us per collective call; rows below use check=False",
         (f"# every algorithm first runs round-robin on the first size for {args.warmup_seconds:g} s; "
          if args.warmup_seconds else "# ")

@@ -12,18 +12,14 @@ beat it, which is why the bound matters at the large sizes. B_mem is measured wi
 the largest copy numpy does at memory speed (``np.copyto``, 256 MiB by
 default, best of several); a copy of n bytes moves 2n bytes.
 
-``cross_core`` measures what algorithm ``shm`` lives on: bytes moving from
-one core's cache to another's through a shared segment. Rank 1 rewrites a
-2 MiB region that rank 0 read the round before (each written line must first
-be taken back from rank 0's cache), then rank 0 reads it (each line comes
-from rank 1's cache). On the 2-core development VM both swing from one launch
-to the next (reads 5-13 GB/s, rewrites 2-15 GB/s: the VM places its vCPUs
-anew, and we cannot see where), and shm is fast only when rewrites are: in
-ten launches by hand, 16 MiB at -np 2 took 3.2-3.7 ms in those that rewrote
-at 7.6 GB/s or more and 6.2-7.9 ms in those at 6.5 GB/s or less, while
-native MPI took 5.0-5.7 ms in all of them. The state can also change within
-a launch, after the probe. The allreduce benchmark prints both figures in
-its header, so a reader can tell which state a run started in.
+``cross_core`` measures what algorithm ``shm`` is made of: bytes moving
+from one core's cache to another's through a shared segment. Rank 1 rewrites
+a 2 MiB region that rank 0 read the round before (each written line must
+first be taken back from rank 0's cache), then rank 0 reads it (each line
+comes from rank 1's cache). The allreduce benchmark prints both figures in
+its header. On the 2-core development VM they swing several-fold between
+launches, and so does shm; but the probe is a clue, not a verdict: shm has
+also run slowly at some sizes of a launch whose probe was high (docs/10).
 
 ``reduce_gamma`` measures the cost-model constant gamma (seconds per byte
 reduced) with the library's own kernel, for ``fit_costmodel.py``: beta and

@@ -232,3 +232,16 @@ def test_cross_core_probe_on_threads():
     assert all(o is not None and o == out[0] for o in out)
     assert all(0 < v < float("inf") for v in out[0])
     assert membw.cross_core(ThreadWorld(1).transport(0)) is None
+
+
+def test_report_names_each_saved_sections_time(tmp_path, monkeypatch):
+    """BENCHMARKS.md's header says when re-rendered sections ran: one time, or one per section."""
+    import os
+    from benchmarks import report
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    for name, stamp in (("np2", 1_800_000_000), ("np4", 1_800_000_010), ("engine", 1_800_000_600)):
+        path = tmp_path / f"{name}.json"
+        path.write_text("{}")
+        os.utime(path, (stamp, stamp))
+    assert report._saved_times(["np2", "np4"]) == "2027-01-15 08:00 UTC"
+    assert report._saved_times(["np2", "engine"]) == "np2 2027-01-15 08:00 UTC, engine 2027-01-15 08:10 UTC"
