@@ -176,9 +176,35 @@ def bench_resnet50(ar, args, mpi) -> list[dict]:
         def step_inplace():
             _wait_all([ar.allreduce_async_(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
         variants["engine-161-inplace"] = step_inplace
+    settled = _settle([fn for name, fn in variants.items()])
+    reducer = getattr(ar.api._running_engine(), "reducer", None)
+    kept = "; ".join(f"{k[0]} tensors, {k[1] / 2**20:.1f} MiB: {reducer.batch_picks[k]} ("
+                     + ", ".join(f"{w} {t * 1e3:.1f} ms" for w, t in reducer.batch_scores[k].items()) + ")"
+                     for k in sorted(reducer.batch_picks, key=lambda k: -k[1])[:2]) if reducer else ""
     variants["raw-allreduce"] = lambda: comm.allreduce_(flat, ar.Average)
     times = timed_together(variants, args, mpi)
-    return [_record("resnet50", v, total, 1 if v == "raw-allreduce" else len(grads), t, p) for v, t in times.items()]
+    records = [_record("resnet50", v, total, 1 if v == "raw-allreduce" else len(grads), t, p) for v, t in times.items()]
+    for r in records:
+        r["settle_steps"], r["batch_picks"] = settled, kept
+    return records
+
+
+SETTLE_STEPS = 120   #: at most this many warm-up steps for the engine's batch tuner
+
+
+def _settle(steps: list) -> int:
+    """Run the engine ``steps`` round-robin until its batch tuner has kept a way for every batch
+    it has met (:class:`allreduce.engine.reducer.Reducer`); a training loop runs thousands of steps,
+    and the table is about those. The tuner's state is the same on every rank after each step (its
+    agreements are collective), so every rank stops at the same step. Returns the steps run."""
+    import allreduce as ar
+    reducer = getattr(ar.api._running_engine(), "reducer", None)
+    count = 0
+    while count < SETTLE_STEPS and (count < 2 or (reducer is not None and reducer.tuning)):
+        for step in steps:
+            step()
+        count += 1
+    return count
 
 
 def bench_latency(ar, args, mpi) -> list[dict]:
@@ -240,6 +266,11 @@ def main(argv=None) -> int:
                   f" (latency: -n 50 -w 5 at least), fastest of --repeats {args.repeats}, "
                   "round-robin over a mode's variants; "
                   "relerr = max|got - exact| / max|exact| (float64 exact mean)"]
+        settle = next((r["settle_steps"] for r in records if "settle_steps" in r), None)
+        if settle is not None:
+            kept = next(r["batch_picks"] for r in records if "settle_steps" in r)
+            lines.append(f"# resnet50: the engine's batch tuner (shm's many-call or rhd per array) ran {settle} "
+                         f"warm-up steps before the timing; kept per direct batch: {kept or 'nothing (untuned)'}")
         print("\n".join(lines + format_table(records) + ratios(records)), flush=True)
         if args.json:
             common.write_json(args.json, {"command": command, "machine": desc, "ranks": mpi.Get_size(),

@@ -43,3 +43,16 @@ def test_fusion_sweep_script_runs_and_checks_its_results():
 def test_large_tensors_share_one_shm_call_under_mpi(p):
     out = mpirun(p, "engine_direct.py", "6", timeout=300).stdout
     assert f"OK engine_direct: 48 allreduces on {p} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("p", [2, 3])
+def test_engine_times_a_direct_batch_both_ways_and_keeps_one(p):
+    out = mpirun(p, "engine_batch_tune.py", timeout=300).stdout
+    assert "OK engine_batch_tune:" in out and f"on {p} ranks, settled after" in out, out
+
+
+@pytest.mark.mpi
+def test_engine_batch_tuning_off_with_autotune_off():
+    out = mpirun(2, "engine_batch_tune.py", "--no-tune", timeout=300, env={"ALLREDUCE_AUTOTUNE": "0"}).stdout
+    assert "OK engine_batch_tune:" in out and "untuned" in out, out

@@ -11,18 +11,42 @@ The engine thread hands every reduction here, in three kinds:
   windows run across the arrays), else one call per array.
 
 Each returns the algorithm's name, which the timeline records.
+
+Measured, not assumed: with ``auto`` on MPI, the first calls of each batch
+(its array count, total bytes and dtype: a training step repeats its batches)
+time the many-call against ``rhd`` per array (:data:`EACH`), the way
+``auto`` tunes a blocking call (:mod:`allreduce.autotune`: rounds of blocks,
+the scores agreed by a MAX allreduce, a recheck), and keep the faster. On the
+2-core VM ``shm`` usually wins, but some launches run ``shm`` several times
+slower while MPI's point-to-point messages hold (docs/10): ResNet-50's step,
+-np 2, took 3.4x a raw allreduce (one rhd call on the joined bytes) in such
+a launch and 1.1x in the next, by hand. The tuner sees only the state of its
+first calls: in one launch it kept the many-call (20.6 against 33.9 ms), and
+the step then ran 2x the raw allreduce once the state turned.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from .. import algorithms
+from .. import algorithms, autotune
 from ..comm import Communicator
 from ..config import Config
 from ..ops import Op
 from ..transport.base import Transport
 
-__all__ = ["Reducer"]
+__all__ = ["Reducer", "STALE_CALLS", "EACH"]
+
+#: The many-call's contender, run on each array of the batch: halving-doubling, bandwidth-optimal
+#: over MPI's point-to-point messages (no shared segment). ResNet-50's 52 large gradients, -np 2,
+#: five launches by hand: the many-call 12.7-14.8 ms, rhd per array 19-24, MPI_Allreduce per
+#: array 28-35 (one rhd call on all 97 MiB at once: 14-20 ms).
+EACH = "rhd"
+
+#: A batch whose trial has not run in this many tuned batch calls is forgotten (a rare batch, met
+#: once when the tensors split differently, would otherwise keep the tuner busy for good).
+STALE_CALLS = 64
 
 
 class Reducer:
@@ -40,6 +64,18 @@ class Reducer:
         self.many = self.algorithm if self.algorithm in algorithms.MANY else next(
             (n for n in comm.auto_candidates if n in algorithms.MANY), None) \
             if self.algorithm == "auto" else None
+        # Time the many-call against EACH per array where auto tunes (the MPI transport, one node).
+        self.tunes = self.many is not None and self.algorithm == "auto" and comm.tuner is not None
+        self.batch_picks: dict[tuple, str] = {}           # batch -> "many" or "each", agreed
+        self.batch_scores: dict[tuple, dict[str, float]] = {}   # batch -> agreed seconds per way
+        self._trials: dict[tuple, list] = {}              # batch -> [its Trial, the call that last ran it]
+        self._calls = 0                                   # tuned batch calls so far (the same on every rank)
+
+    @property
+    def tuning(self) -> bool:
+        """True while a batch met more than once still times its ways (one met once, when the
+        tensors happened to split differently, may never come again)."""
+        return any(trial.calls > 1 for trial, _ in self._trials.values())
 
     def control(self, buf: np.ndarray, op: Op) -> str:
         """Reduce a small control vector (negotiation, overflow flags) with recursive doubling over
@@ -72,6 +108,8 @@ class Reducer:
         64 KiB and up in one shm many-call, raw 26 and 23 ms.
         """
         name = self.many if len(bufs) > 1 else None      # one array: one call of the model's pick
+        if name is not None and self.tunes:
+            return self._tuned_many(bufs, op, srcs)
         if name is None:
             name = self.algorithm
             if name == "auto":
@@ -80,3 +118,39 @@ class Reducer:
                 return "+".join(sorted({self.allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
         algorithms.run_many(name, self.transport, bufs, op, srcs=srcs)
         return name
+
+    def _tuned_many(self, bufs: list, op: Op, srcs: list) -> str:
+        """A direct batch by the measured faster way: the many-call, or :data:`EACH` per array."""
+        key = (len(bufs), sum(b.nbytes for b in bufs), bufs[0].dtype.str)
+        choice = self.batch_picks.get(key)
+        if choice is not None:
+            return self._run_batch(choice, bufs, op, srcs)
+        self._calls += 1
+        for stale in [k for k, (_, last) in self._trials.items() if last < self._calls - STALE_CALLS]:
+            del self._trials[stale]                       # a rare batch: forget it, start again if it returns
+        held = self._trials.get(key)
+        if held is None:
+            held = self._trials[key] = [autotune.Trial(key[1], ["many", "each"], autotune.MIN_TRIALS), 0]
+        trial, held[1] = held[0], self._calls
+        start = time.perf_counter()
+        name = self._run_batch(trial.current(), bufs, op, srcs)
+        if trial.record(time.perf_counter() - start):    # the same call on every rank: agree
+            slowest = np.array(trial.scores(), np.float64)
+            self.control(slowest, Op.MAX)
+            if not trial.recheck(slowest.tolist()):
+                del self._trials[key]
+                if len(self.batch_picks) >= 4096:            # every rank clears at the same call
+                    self.batch_picks.clear()
+                    self.batch_scores.clear()
+                self.batch_picks[key] = trial.winner(slowest.tolist())
+                self.batch_scores[key] = dict(zip(trial.contenders, slowest.tolist()))
+        return name
+
+    def _run_batch(self, choice: str, bufs: list, op: Op, srcs: list) -> str:
+        if choice == "many":
+            algorithms.run_many(self.many, self.transport, bufs, op, srcs=srcs)
+            return self.many
+        for b, s in zip(bufs, srcs):
+            algorithms.run(EACH, self.transport, b, op, workspace=self.comm.workspace,
+                           segment_bytes=self.segment_bytes, src=s)
+        return EACH
