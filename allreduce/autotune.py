@@ -60,10 +60,12 @@ sizes thousands of times, so it can afford to measure, as Horovod's
   all ranks. Two calls of one size may differ in the last bits while tuning
   (different algorithms add in different orders), never between ranks.
 
-Only the blocking path (:meth:`Communicator.allreduce_`, ``ar.allreduce``)
-tunes, and only on the MPI transport: the engine has its own rules for its
-batches, and the in-process transport (tests, ``allreduce-explain``) keeps
-the model's deterministic choice. ``ALLREDUCE_AUTOTUNE=0`` turns it off.
+The blocking path (:meth:`Communicator.allreduce_`, ``ar.allreduce``) tunes
+per size, and the engine tunes each direct batch with the same :class:`Trial`
+(shm's many-call against rhd per array: :mod:`allreduce.engine.reducer`);
+both only on the MPI transport. The in-process transport (tests,
+``allreduce-explain``) keeps the model's deterministic choice.
+``ALLREDUCE_AUTOTUNE=0`` turns both off.
 
 This module only keeps the books; the communicator runs the calls and the
 two agreements.
