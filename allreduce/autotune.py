@@ -60,6 +60,14 @@ sizes thousands of times, so it can afford to measure, as Horovod's
   all ranks. Two calls of one size may differ in the last bits while tuning
   (different algorithms add in different orders), never between ranks.
 
+* A kept pick is watched (sizes of ``WATCH_BYTES`` and up, where timing a
+  call costs nothing next to it): every ``WATCH_SECONDS`` of its calls the
+  ranks agree on their mean (one tiny MAX allreduce, at the same call
+  everywhere), and if the slowest rank's mean is ``REOPEN`` times the score
+  it won with, the size is tuned again from scratch. On the 2-core VM a
+  launch can turn slow for ``shm`` after it won: the recorded -np 2 sweep
+  kept shm at 64 MiB, where it then ran 3x slower than rhd.
+
 The blocking path (:meth:`Communicator.allreduce_`, ``ar.allreduce``) tunes
 per size, and the engine tunes each direct batch with the same :class:`Trial`
 (shm's many-call against rhd per array: :mod:`allreduce.engine.reducer`);
@@ -74,8 +82,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["AutoTuner", "Trial", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS",
-           "ROUNDS", "GAP_SECONDS"]
+__all__ = ["AutoTuner", "Trial", "Watch", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS",
+           "ROUNDS", "GAP_SECONDS", "WATCH_BYTES", "WATCH_SECONDS", "REOPEN"]
 
 CONTENDERS = 4           #: at most this many algorithms are timed per size
 WITHIN = 3.0             #: only algorithms predicted at most this many times the model's best
@@ -84,6 +92,9 @@ MIN_TRIALS, MAX_TRIALS = 6, 96   #: ...within these bounds
 ROUNDS = 3               #: each contender's timed calls come in this many blocks, each after one untimed
 GAP_SECONDS = 0.5        #: between the two timings of a size, the provisional winner runs about this long
 MIN_GAP, MAX_GAP = 16, 100_000   #: ...counted in its calls, within these bounds
+WATCH_BYTES = 1 << 20    #: kept picks of this size and up are watched...
+WATCH_SECONDS = 1.0      #: ...their mean agreed about this often (counted in calls, at least MIN_GAP)...
+REOPEN = 2.0             #: ...and the size tuned again once that mean is this many times the winning score
 
 
 def contenders(ranked: list[tuple[str, float]]) -> list[str]:
@@ -162,12 +173,40 @@ class Trial:
         return self.contenders[min(range(len(slowest)), key=slowest.__getitem__)]
 
 
+class Watch:
+    """A kept pick's running time: ``record`` each call; True once a window of ``every`` calls is in."""
+
+    __slots__ = ("nbytes", "name", "score", "every", "calls", "total")
+
+    def __init__(self, nbytes: int, name: str, score: float):
+        self.nbytes, self.name, self.score = nbytes, name, score
+        self.every = MAX_GAP if not score > 0 else max(MIN_GAP, min(MAX_GAP, math.ceil(WATCH_SECONDS / score)))
+        self.calls, self.total = 0, 0.0
+
+    def record(self, seconds: float) -> bool:
+        self.calls += 1
+        self.total += seconds
+        return self.calls >= self.every
+
+    def mean(self) -> float:
+        """This window's mean seconds; starts the next window."""
+        mean = self.total / max(self.calls, 1)
+        self.calls, self.total = 0, 0.0
+        return mean
+
+    def stale(self, slowest_mean: float) -> bool:
+        """True when the pick has slowed to ``REOPEN`` times its winning score (every rank's maximum)."""
+        return slowest_mean > REOPEN * self.score
+
+
 class AutoTuner:
     """Books of the sizes being tuned (``trials``) and of the decisions made (``decided``)."""
 
     def __init__(self, max_sizes: int = 256):
         self.max_sizes = max_sizes          # sizes tuned at once; more are not tuned until some finish
         self.trials: dict[int, Trial] = {}
+        self.watches: dict[int, Watch] = {}  # nbytes -> the kept pick's running time (large sizes)
+        self.reopened = 0                   # sizes tuned again because their pick slowed down
         self.decided: dict[int, dict[str, float]] = {}   # nbytes -> {contender: agreed score, seconds}
 
     def busy(self) -> bool:
@@ -184,5 +223,15 @@ class AutoTuner:
         del self.trials[trial.nbytes]
         if len(self.decided) >= 4096:
             self.decided.clear()
+            self.watches.clear()
         self.decided[trial.nbytes] = dict(zip(trial.contenders, slowest))
-        return trial.winner(slowest)
+        name = trial.winner(slowest)
+        if trial.nbytes >= WATCH_BYTES:
+            self.watches[trial.nbytes] = Watch(trial.nbytes, name, min(slowest))
+        return name
+
+    def reopen(self, nbytes: int) -> None:
+        """Forget the decision for ``nbytes``: its next call starts a new trial."""
+        self.watches.pop(nbytes, None)
+        self.decided.pop(nbytes, None)
+        self.reopened += 1

@@ -17,6 +17,7 @@ per thread over :class:`~allreduce.transport.threads.ThreadTransport`.
 """
 from __future__ import annotations
 
+import logging
 import pickle
 import time
 from typing import Any
@@ -33,6 +34,8 @@ from .config import ALGORITHM_NAMES, Config
 from .errors import InvalidArgumentError, MismatchError
 from .ops import Op, as_op, check_dtype, dtype_code
 from .transport.base import Transport
+
+log = logging.getLogger("allreduce.auto")
 
 __all__ = ["Communicator"]
 
@@ -155,18 +158,22 @@ class Communicator:
         if self.config.check and self.size > 1:
             self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
                                  algorithm=_ALGO_CODES[algorithm])
-        trial = None
+        trial = watch = None
         if algorithm == "auto":
             algorithm = self.auto_picks.get(flat.nbytes)
             if algorithm is None:
                 if self.tuner is not None and transport is None and flat.size:
                     trial = self.tuner.trials.get(flat.nbytes) or self._start_trial(flat.nbytes)
                 algorithm = self.pick(flat.nbytes) if trial is None else trial.current()
-        start = time.perf_counter() if trial is not None else 0.0
+            elif self.tuner is not None and transport is None:
+                watch = self.tuner.watches.get(flat.nbytes)
+        start = time.perf_counter() if trial is not None or watch is not None else 0.0
         algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
                        segment_bytes=self.config.segment_bytes, src=src)
         if trial is not None and trial.record(time.perf_counter() - start):
             self._decide(trial)
+        elif watch is not None and watch.record(time.perf_counter() - start):
+            self._check_watch(watch)
 
     def pick(self, nbytes: int) -> str:
         """What ``algorithm="auto"`` runs for ``nbytes``: the same on every rank.
@@ -222,6 +229,18 @@ class Communicator:
         algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
         if not trial.recheck(slowest.tolist()):
             self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
+
+    def _check_watch(self, watch) -> None:
+        """A window of a kept pick's calls is in, on every rank at the same call: agree on the
+        slowest rank's mean (one tiny MAX allreduce); tune the size again if it has slowed down
+        to :data:`~allreduce.autotune.REOPEN` times the score it won with."""
+        mean = np.array([watch.mean()], np.float64)
+        algorithms.run("rd", self.transport, mean, Op.MAX, workspace=self.workspace, segment_bytes=0)
+        if watch.stale(float(mean[0])):
+            log.info("rank %d: auto's pick %s for %d bytes slowed from %.3g to %.3g s a call; tuning again",
+                     self.rank, watch.name, watch.nbytes, watch.score, float(mean[0]))
+            self.auto_picks.pop(watch.nbytes, None)
+            self.tuner.reopen(watch.nbytes)
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:
         """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""

@@ -114,3 +114,26 @@ def test_tuning_under_mpi_agrees_on_every_rank_and_every_result_is_right(np_):
 def test_autotune_off_keeps_the_models_pick():
     out = mpirun(2, "autotune_check.py", "--off", timeout=120, env={"ALLREDUCE_AUTOTUNE": "0"}).stdout
     assert "OK autotune_check on 2 ranks (off)" in out, out[-2000:]
+
+
+def test_a_kept_large_pick_is_watched_and_reopened_once_it_runs_at_twice_its_score():
+    tuner = AutoTuner()
+    small, large = tuner.start(1024, ["mpi", "rd"], 3), tuner.start(autotune.WATCH_BYTES, ["shm", "rhd"], 3)
+    tuner.decide(small, [2e-6, 1e-6])
+    assert tuner.decide(large, [1e-3, 2e-3]) == "shm"
+    assert 1024 not in tuner.watches                     # too small to time every call for free
+    watch = tuner.watches[autotune.WATCH_BYTES]
+    assert (watch.name, watch.score) == ("shm", 1e-3)
+    assert watch.every == round(autotune.WATCH_SECONDS / 1e-3)    # about a second of its calls
+    assert not any(watch.record(1e-3) for _ in range(watch.every - 1)) and watch.record(1e-3)
+    assert watch.mean() == pytest.approx(1e-3) and watch.calls == 0     # the next window starts
+    assert not watch.stale(1.9e-3) and watch.stale(2.1e-3)
+    tuner.reopen(autotune.WATCH_BYTES)
+    assert autotune.WATCH_BYTES not in tuner.watches and autotune.WATCH_BYTES not in tuner.decided
+    assert tuner.reopened == 1
+
+
+@pytest.mark.mpi
+def test_a_pick_that_slows_down_under_mpi_is_tuned_again():
+    out = mpirun(2, "autotune_watch.py", timeout=240).stdout
+    assert "OK autotune_watch on 2 ranks" in out, out[-2000:]

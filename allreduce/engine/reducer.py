@@ -20,9 +20,11 @@ the scores agreed by a MAX allreduce, a recheck), and keep the faster. On the
 2-core VM ``shm`` usually wins, but some launches run ``shm`` several times
 slower while MPI's point-to-point messages hold (docs/10): ResNet-50's step,
 -np 2, took 3.4x a raw allreduce (one rhd call on the joined bytes) in such
-a launch and 1.1x in the next, by hand. The tuner sees only the state of its
-first calls: in one launch it kept the many-call (20.6 against 33.9 ms), and
-the step then ran 2x the raw allreduce once the state turned.
+a launch and 1.1x in the next, by hand. A kept way is watched as ``auto``'s
+picks are (:class:`allreduce.autotune.Watch`): once a second's calls of it
+run at twice its winning score on the slowest rank, the batch is timed both
+ways again. Before the watch, one launch kept the many-call (20.6 against
+33.9 ms) and the step then ran at 2x the raw allreduce once the state turned.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ class Reducer:
         self.batch_scores: dict[tuple, dict[str, float]] = {}   # batch -> agreed seconds per way
         self._trials: dict[tuple, list] = {}              # batch -> [its Trial, the call that last ran it]
         self._calls = 0                                   # tuned batch calls so far (the same on every rank)
+        self._watches: dict[tuple, autotune.Watch] = {}   # batch -> its kept way's running time
 
     @property
     def tuning(self) -> bool:
@@ -124,7 +127,15 @@ class Reducer:
         key = (len(bufs), sum(b.nbytes for b in bufs), bufs[0].dtype.str)
         choice = self.batch_picks.get(key)
         if choice is not None:
-            return self._run_batch(choice, bufs, op, srcs)
+            watch = self._watches.get(key)
+            start = time.perf_counter()
+            name = self._run_batch(choice, bufs, op, srcs)
+            if watch is not None and watch.record(time.perf_counter() - start):
+                mean = np.array([watch.mean()], np.float64)
+                self.control(mean, Op.MAX)                   # the same call on every rank
+                if watch.stale(float(mean[0])):             # it slowed down: time both ways again
+                    del self.batch_picks[key], self.batch_scores[key], self._watches[key]
+            return name
         self._calls += 1
         for stale in [k for k, (_, last) in self._trials.items() if last < self._calls - STALE_CALLS]:
             del self._trials[stale]                       # a rare batch: forget it, start again if it returns
@@ -142,8 +153,10 @@ class Reducer:
                 if len(self.batch_picks) >= 4096:            # every rank clears at the same call
                     self.batch_picks.clear()
                     self.batch_scores.clear()
+                    self._watches.clear()
                 self.batch_picks[key] = trial.winner(slowest.tolist())
                 self.batch_scores[key] = dict(zip(trial.contenders, slowest.tolist()))
+                self._watches[key] = autotune.Watch(key[1], self.batch_picks[key], float(slowest.min()))
         return name
 
     def _run_batch(self, choice: str, bufs: list, op: Op, srcs: list) -> str:
