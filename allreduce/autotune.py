@@ -63,10 +63,13 @@ sizes thousands of times, so it can afford to measure, as Horovod's
 * A kept pick is watched (sizes of ``WATCH_BYTES`` and up, where timing a
   call costs nothing next to it): every ``WATCH_SECONDS`` of its calls the
   ranks agree on their mean (one tiny MAX allreduce, at the same call
-  everywhere), and if the slowest rank's mean is ``REOPEN`` times the score
-  it won with, the size is tuned again from scratch. On the 2-core VM a
-  launch can turn slow for ``shm`` after it won: the recorded -np 2 sweep
-  kept shm at 64 MiB, where it then ran 3x slower than rhd.
+  everywhere), and if the slowest rank's mean has moved by ``REOPEN`` times
+  from the score it won with, either way, the size is tuned again from
+  scratch, at most ``MAX_REOPENS`` times. On the 2-core VM a launch can turn
+  slow for ``shm`` after it won (a recorded -np 2 sweep kept shm at 64 MiB,
+  where it then ran 3x slower than rhd), and a trial can fall into a slow
+  spell that makes every contender look alike (another kept mpi at 1 MiB,
+  all four scored 591-623 us, where shm then ran at 66 us and mpi at 117).
 
 The blocking path (:meth:`Communicator.allreduce_`, ``ar.allreduce``) tunes
 per size, and the engine tunes each direct batch with the same :class:`Trial`
@@ -83,7 +86,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["AutoTuner", "Trial", "Watch", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS",
-           "ROUNDS", "GAP_SECONDS", "WATCH_BYTES", "WATCH_SECONDS", "REOPEN"]
+           "ROUNDS", "GAP_SECONDS", "WATCH_BYTES", "WATCH_SECONDS", "REOPEN", "MAX_REOPENS"]
 
 CONTENDERS = 4           #: at most this many algorithms are timed per size
 WITHIN = 3.0             #: only algorithms predicted at most this many times the model's best
@@ -94,7 +97,8 @@ GAP_SECONDS = 0.5        #: between the two timings of a size, the provisional w
 MIN_GAP, MAX_GAP = 16, 100_000   #: ...counted in its calls, within these bounds
 WATCH_BYTES = 1 << 20    #: kept picks of this size and up are watched...
 WATCH_SECONDS = 1.0      #: ...their mean agreed about this often (counted in calls, at least MIN_GAP)...
-REOPEN = 2.0             #: ...and the size tuned again once that mean is this many times the winning score
+REOPEN = 2.0             #: ...and the size tuned again once that mean is this factor off the winning score,
+MAX_REOPENS = 3          #: ...at most this many times per size
 
 
 def contenders(ranked: list[tuple[str, float]]) -> list[str]:
@@ -195,8 +199,10 @@ class Watch:
         return mean
 
     def stale(self, slowest_mean: float) -> bool:
-        """True when the pick has slowed to ``REOPEN`` times its winning score (every rank's maximum)."""
-        return slowest_mean > REOPEN * self.score
+        """True when the pick's time (every rank's maximum) is ``REOPEN`` times off its winning
+        score: slower (the machine turned against it), or faster (the trial ran in a slow spell,
+        and its scores no longer rank anything)."""
+        return slowest_mean > REOPEN * self.score or slowest_mean * REOPEN < self.score
 
 
 class AutoTuner:
@@ -206,7 +212,8 @@ class AutoTuner:
         self.max_sizes = max_sizes          # sizes tuned at once; more are not tuned until some finish
         self.trials: dict[int, Trial] = {}
         self.watches: dict[int, Watch] = {}  # nbytes -> the kept pick's running time (large sizes)
-        self.reopened = 0                   # sizes tuned again because their pick slowed down
+        self.reopened = 0                   # sizes tuned again because their pick's time moved
+        self.reopens: dict[int, int] = {}   # nbytes -> times tuned again (at most MAX_REOPENS)
         self.decided: dict[int, dict[str, float]] = {}   # nbytes -> {contender: agreed score, seconds}
 
     def busy(self) -> bool:
@@ -226,7 +233,7 @@ class AutoTuner:
             self.watches.clear()
         self.decided[trial.nbytes] = dict(zip(trial.contenders, slowest))
         name = trial.winner(slowest)
-        if trial.nbytes >= WATCH_BYTES:
+        if trial.nbytes >= WATCH_BYTES and self.reopens.get(trial.nbytes, 0) < MAX_REOPENS:
             self.watches[trial.nbytes] = Watch(trial.nbytes, name, min(slowest))
         return name
 
@@ -234,4 +241,5 @@ class AutoTuner:
         """Forget the decision for ``nbytes``: its next call starts a new trial."""
         self.watches.pop(nbytes, None)
         self.decided.pop(nbytes, None)
+        self.reopens[nbytes] = self.reopens.get(nbytes, 0) + 1
         self.reopened += 1

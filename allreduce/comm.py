@@ -232,12 +232,12 @@ class Communicator:
 
     def _check_watch(self, watch) -> None:
         """A window of a kept pick's calls is in, on every rank at the same call: agree on the
-        slowest rank's mean (one tiny MAX allreduce); tune the size again if it has slowed down
-        to :data:`~allreduce.autotune.REOPEN` times the score it won with."""
+        slowest rank's mean (one tiny MAX allreduce); tune the size again if it is
+        :data:`~allreduce.autotune.REOPEN` times off the score it won with, either way."""
         mean = np.array([watch.mean()], np.float64)
         algorithms.run("rd", self.transport, mean, Op.MAX, workspace=self.workspace, segment_bytes=0)
         if watch.stale(float(mean[0])):
-            log.info("rank %d: auto's pick %s for %d bytes slowed from %.3g to %.3g s a call; tuning again",
+            log.info("rank %d: auto's pick %s for %d bytes moved from %.3g to %.3g s a call; tuning again",
                      self.rank, watch.name, watch.nbytes, watch.score, float(mean[0]))
             self.auto_picks.pop(watch.nbytes, None)
             self.tuner.reopen(watch.nbytes)

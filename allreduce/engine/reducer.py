@@ -22,8 +22,8 @@ slower while MPI's point-to-point messages hold (docs/10): ResNet-50's step,
 -np 2, took 3.4x a raw allreduce (one rhd call on the joined bytes) in such
 a launch and 1.1x in the next, by hand. A kept way is watched as ``auto``'s
 picks are (:class:`allreduce.autotune.Watch`): once a second's calls of it
-run at twice its winning score on the slowest rank, the batch is timed both
-ways again. Before the watch, one launch kept the many-call (20.6 against
+run 2x off its winning score on the slowest rank, the batch is timed both
+ways again (at most three times). Before the watch, one launch kept the many-call (20.6 against
 33.9 ms) and the step then ran at 2x the raw allreduce once the state turned.
 """
 from __future__ import annotations
@@ -73,6 +73,7 @@ class Reducer:
         self._trials: dict[tuple, list] = {}              # batch -> [its Trial, the call that last ran it]
         self._calls = 0                                   # tuned batch calls so far (the same on every rank)
         self._watches: dict[tuple, autotune.Watch] = {}   # batch -> its kept way's running time
+        self._reopens: dict[tuple, int] = {}              # batch -> times timed again
 
     @property
     def tuning(self) -> bool:
@@ -133,8 +134,9 @@ class Reducer:
             if watch is not None and watch.record(time.perf_counter() - start):
                 mean = np.array([watch.mean()], np.float64)
                 self.control(mean, Op.MAX)                   # the same call on every rank
-                if watch.stale(float(mean[0])):             # it slowed down: time both ways again
+                if watch.stale(float(mean[0])):             # its time moved: time both ways again
                     del self.batch_picks[key], self.batch_scores[key], self._watches[key]
+                    self._reopens[key] = self._reopens.get(key, 0) + 1
             return name
         self._calls += 1
         for stale in [k for k, (_, last) in self._trials.items() if last < self._calls - STALE_CALLS]:
@@ -156,7 +158,8 @@ class Reducer:
                     self._watches.clear()
                 self.batch_picks[key] = trial.winner(slowest.tolist())
                 self.batch_scores[key] = dict(zip(trial.contenders, slowest.tolist()))
-                self._watches[key] = autotune.Watch(key[1], self.batch_picks[key], float(slowest.min()))
+                if self._reopens.get(key, 0) < autotune.MAX_REOPENS:
+                    self._watches[key] = autotune.Watch(key[1], self.batch_picks[key], float(slowest.min()))
         return name
 
     def _run_batch(self, choice: str, bufs: list, op: Op, srcs: list) -> str:
