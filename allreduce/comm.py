@@ -17,17 +17,16 @@ per thread over :class:`~allreduce.transport.threads.ThreadTransport`.
 """
 from __future__ import annotations
 
-import logging
 import pickle
 import time
 from typing import Any
 
 import numpy as np
 
-from . import algorithms, autotune
-from .algorithms import select
+from . import algorithms
 from .algorithms.allgather import allgather as _allgather_blocks
 from .algorithms.broadcast import broadcast as _broadcast
+from .auto import _ALGO_CODES, AutoChooser
 from .autotune import AutoTuner
 from .buffers import ResultPool, Workspace, as_flat, device_allreduce, is_device_array, restore
 from .config import ALGORITHM_NAMES, Config
@@ -35,11 +34,8 @@ from .errors import InvalidArgumentError, MismatchError
 from .ops import Op, as_op, check_dtype, dtype_code
 from .transport.base import Transport
 
-log = logging.getLogger("allreduce.auto")
-
 __all__ = ["Communicator"]
 
-_ALGO_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
 _FIELDS = ("count", "dtype", "op", "algorithm", "root_rank")
 _SHOW = {"dtype": lambda c: str(np.dtype(_dtype_name(c))), "op": lambda c: repr(Op(c)),
          "algorithm": lambda c: ALGORITHM_NAMES[c]}
@@ -50,7 +46,7 @@ def _dtype_name(code: int) -> str:
     return dtype_from_code(code).name
 
 
-class Communicator:
+class Communicator(AutoChooser):
     """Collectives over one transport. Keyword arguments are keyword-only with defaults."""
 
     def __init__(self, transport: Transport, *, config: Config | None = None,
@@ -90,21 +86,6 @@ class Communicator:
     @property
     def local_size(self) -> int:
         return self._local[1]
-
-    @property
-    def auto_candidates(self) -> tuple[str, ...]:
-        """What ``algorithm="auto"`` chooses among on this transport and node layout."""
-        if self._candidates is None:
-            self._candidates = self._list_candidates()
-        return self._candidates
-
-    def _list_candidates(self) -> tuple[str, ...]:
-        names = ["ring", "tree", "rhd", "rd"]
-        if self._mpi_transport:
-            names.append("mpi")                      # the MPI library's own: unbeatable latency
-            if self.local_size == self.size and self.size > 1:
-                names.append("shm")                  # one node: reduce straight from shared memory
-        return tuple(names)
 
     # -- the metadata check ----------------------------------------------------------
     def check_agreement(self, what: str, **fields: int) -> None:
@@ -174,91 +155,6 @@ class Communicator:
             self._decide(trial)
         elif watch is not None and watch.record(time.perf_counter() - start):
             self._check_watch(watch)
-
-    def pick(self, nbytes: int) -> str:
-        """What ``algorithm="auto"`` runs for ``nbytes``: the same on every rank.
-
-        The first call of a size keeps the tuner's winner once it has one (``_decide``); any
-        other first call takes rank 0's :meth:`choose`, broadcast (8 bytes, once per size) where
-        ranks could disagree: on MPI with more than one rank, where every node may read its own
-        fitted cost-model file. Every rank makes the same calls in the same order (the metadata
-        check holds them to it), so every rank broadcasts at the same call.
-        """
-        name = self.auto_picks.get(nbytes)
-        if name is None:
-            name = self.choose(nbytes)
-            if self._agree:
-                code = np.array([_ALGO_CODES[name]], np.int64)
-                _broadcast(self.transport, code, 0)
-                name = ALGORITHM_NAMES[int(code[0])]
-            self._keep(nbytes, name)
-        return name
-
-    def _start_trial(self, nbytes: int):
-        """The first ``auto`` call of ``nbytes`` with the tuner on: rank 0's ranking says what to
-        try and how often (one tiny broadcast), so every rank runs the same algorithms even where
-        each node reads its own fitted file. Returns the trial; or None (the tuner already times
-        its most sizes at once, the same on every rank; or rank 0's model has one contender,
-        which is then kept), and :meth:`pick` decides."""
-        if self.tuner.busy():
-            return None
-        plan = np.full(1 + autotune.CONTENDERS, -1, np.int64)
-        if self.rank == 0:
-            ranked = self.ranked(nbytes)
-            names = autotune.contenders(ranked)
-            plan[0] = autotune.trials_for(ranked[0][1])
-            plan[1:1 + len(names)] = [_ALGO_CODES[name] for name in names]
-        _broadcast(self.transport, plan, 0)
-        names = [ALGORITHM_NAMES[code] for code in plan[1:].tolist() if code >= 0]
-        if len(names) < 2:
-            self._keep(nbytes, names[0])
-            return None
-        return self.tuner.start(nbytes, names, int(plan[0]))
-
-    def _keep(self, nbytes: int, name: str) -> str:
-        if len(self.auto_picks) >= 4096:         # every rank clears at the same call
-            self.auto_picks.clear()
-        self.auto_picks[nbytes] = name
-        return name
-
-    def _decide(self, trial) -> None:
-        """Every rank has made the last call of the trial's rounds: agree on each contender's
-        slowest rank's score (one tiny MAX allreduce). After the first rounds the fastest runs
-        until the recheck (:meth:`Trial.recheck`); after the second it is kept for this size."""
-        slowest = np.array(trial.scores(), np.float64)
-        algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        if not trial.recheck(slowest.tolist()):
-            self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
-
-    def _check_watch(self, watch) -> None:
-        """A window of a kept pick's calls is in, on every rank at the same call: agree on the
-        slowest rank's mean (one tiny MAX allreduce); tune the size again if it is
-        :data:`~allreduce.autotune.REOPEN` times off the score it won with, either way."""
-        mean = np.array([watch.mean()], np.float64)
-        algorithms.run("rd", self.transport, mean, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        if watch.stale(float(mean[0])):
-            log.info("rank %d: auto's pick %s for %d bytes moved from %.3g to %.3g s a call; tuning again",
-                     self.rank, watch.name, watch.nbytes, watch.score, float(mean[0]))
-            self.auto_picks.pop(watch.nbytes, None)
-            self.tuner.reopen(watch.nbytes)
-
-    def ranked(self, nbytes: int) -> list[tuple[str, float]]:
-        """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""
-        return select.ranked(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
-                             cold=self.cold)
-
-    def choose(self, nbytes: int) -> str:
-        """The cost model's pick for ``nbytes`` on this rank (``auto`` runs :meth:`pick`, the same
-        on every rank); remembered for this communicator's life (the cost model is read once, like
-        the environment: a small call cannot afford more)."""
-        name = self._auto.get(nbytes)
-        if name is None:
-            name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
-                                 cold=self.cold)
-            if len(self._auto) >= 4096:
-                self._auto.clear()
-            self._auto[nbytes] = name
-        return name
 
     def allreduce(self, x, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
         """Return a new array: ``x`` reduced with ``op`` across all ranks. Same shape and dtype."""

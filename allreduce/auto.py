@@ -1,0 +1,139 @@
+"""How a :class:`~allreduce.comm.Communicator` runs ``algorithm="auto"``: the same pick on every rank.
+
+Three sources, in order, for a message of n bytes:
+
+1. a kept pick (``auto_picks``): what the run-time tuner kept for n, or rank
+   0's model pick, broadcast once;
+2. the tuner (:mod:`allreduce.autotune`), on MPI: the first calls of n time
+   the model's best few, the ranks agree on the scores, the fastest is kept,
+   and a kept pick of 1 MiB and up stays watched;
+3. the cost model (:mod:`allreduce.algorithms.select`): ``choose`` on this
+   rank, ``pick`` agreed with rank 0 where ranks could read different fits.
+
+Every decision is taken at the same call on every rank (the ranks make the
+same calls in the same order), so no two ranks ever run different algorithms.
+This module is the communicator's mixin for all of it; ``comm.py`` keeps the
+validation and the collectives.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from . import algorithms, autotune
+from .algorithms import select
+from .algorithms.broadcast import broadcast as _broadcast
+from .config import ALGORITHM_NAMES
+from .ops import Op
+
+__all__ = ["AutoChooser"]
+
+log = logging.getLogger("allreduce.auto")
+
+_ALGO_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
+
+
+class AutoChooser:
+    """``auto``'s choosing, mixed into :class:`~allreduce.comm.Communicator` (which sets ``transport``,
+    ``config``, ``workspace``, ``tuner``, ``auto_picks``, ``cold`` and the caches used here)."""
+
+    @property
+    def auto_candidates(self) -> tuple[str, ...]:
+        """What ``algorithm="auto"`` chooses among on this transport and node layout."""
+        if self._candidates is None:
+            self._candidates = self._list_candidates()
+        return self._candidates
+
+    def _list_candidates(self) -> tuple[str, ...]:
+        names = ["ring", "tree", "rhd", "rd"]
+        if self._mpi_transport:
+            names.append("mpi")                      # the MPI library's own: unbeatable latency
+            if self.local_size == self.size and self.size > 1:
+                names.append("shm")                  # one node: reduce straight from shared memory
+        return tuple(names)
+
+    def pick(self, nbytes: int) -> str:
+        """What ``algorithm="auto"`` runs for ``nbytes``: the same on every rank.
+
+        The first call of a size keeps the tuner's winner once it has one (``_decide``); any
+        other first call takes rank 0's :meth:`choose`, broadcast (8 bytes, once per size) where
+        ranks could disagree: on MPI with more than one rank, where every node may read its own
+        fitted cost-model file. Every rank makes the same calls in the same order (the metadata
+        check holds them to it), so every rank broadcasts at the same call.
+        """
+        name = self.auto_picks.get(nbytes)
+        if name is None:
+            name = self.choose(nbytes)
+            if self._agree:
+                code = np.array([_ALGO_CODES[name]], np.int64)
+                _broadcast(self.transport, code, 0)
+                name = ALGORITHM_NAMES[int(code[0])]
+            self._keep(nbytes, name)
+        return name
+
+    def _start_trial(self, nbytes: int):
+        """The first ``auto`` call of ``nbytes`` with the tuner on: rank 0's ranking says what to
+        try and how often (one tiny broadcast), so every rank runs the same algorithms even where
+        each node reads its own fitted file. Returns the trial; or None (the tuner already times
+        its most sizes at once, the same on every rank; or rank 0's model has one contender,
+        which is then kept), and :meth:`pick` decides."""
+        if self.tuner.busy():
+            return None
+        plan = np.full(1 + autotune.CONTENDERS, -1, np.int64)
+        if self.rank == 0:
+            ranked = self.ranked(nbytes)
+            names = autotune.contenders(ranked)
+            plan[0] = autotune.trials_for(ranked[0][1])
+            plan[1:1 + len(names)] = [_ALGO_CODES[name] for name in names]
+        _broadcast(self.transport, plan, 0)
+        names = [ALGORITHM_NAMES[code] for code in plan[1:].tolist() if code >= 0]
+        if len(names) < 2:
+            self._keep(nbytes, names[0])
+            return None
+        return self.tuner.start(nbytes, names, int(plan[0]))
+
+    def _keep(self, nbytes: int, name: str) -> str:
+        if len(self.auto_picks) >= 4096:         # every rank clears at the same call
+            self.auto_picks.clear()
+        self.auto_picks[nbytes] = name
+        return name
+
+    def _decide(self, trial) -> None:
+        """Every rank has made the last call of the trial's rounds: agree on each contender's
+        slowest rank's score (one tiny MAX allreduce). After the first rounds the fastest runs
+        until the recheck (:meth:`Trial.recheck`); after the second it is kept for this size."""
+        slowest = np.array(trial.scores(), np.float64)
+        algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
+        if not trial.recheck(slowest.tolist()):
+            self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
+
+    def _check_watch(self, watch) -> None:
+        """A window of a kept pick's calls is in, on every rank at the same call: agree on the
+        slowest rank's mean (one tiny MAX allreduce); tune the size again if it is
+        :data:`~allreduce.autotune.REOPEN` times off the score it won with, either way."""
+        mean = np.array([watch.mean()], np.float64)
+        algorithms.run("rd", self.transport, mean, Op.MAX, workspace=self.workspace, segment_bytes=0)
+        if watch.stale(float(mean[0])):
+            log.info("rank %d: auto's pick %s for %d bytes moved from %.3g to %.3g s a call; tuning again",
+                     self.rank, watch.name, watch.nbytes, watch.score, float(mean[0]))
+            self.auto_picks.pop(watch.nbytes, None)
+            self.tuner.reopen(watch.nbytes)
+
+    def ranked(self, nbytes: int) -> list[tuple[str, float]]:
+        """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""
+        return select.ranked(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
+                             cold=self.cold)
+
+    def choose(self, nbytes: int) -> str:
+        """The cost model's pick for ``nbytes`` on this rank (``auto`` runs :meth:`pick`, the same
+        on every rank); remembered for this communicator's life (the cost model is read once, like
+        the environment: a small call cannot afford more)."""
+        name = self._auto.get(nbytes)
+        if name is None:
+            name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
+                                 cold=self.cold)
+            if len(self._auto) >= 4096:
+                self._auto.clear()
+            self._auto[nbytes] = name
+        return name
