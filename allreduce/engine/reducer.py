@@ -109,7 +109,9 @@ class Reducer:
         interleaved with a raw allreduce of the same bytes (median of 20, two runs): 38 and 33 ms
         a step with the model's per-array choices for the 29 tensors of 1 MiB and up (mpi and
         shm, on this VM's cold table) and the rest fused, 26 and 25 ms with its 52 tensors of
-        64 KiB and up in one shm many-call, raw 26 and 23 ms.
+        64 KiB and up in one shm many-call, raw 26 and 23 ms. Under ``auto`` on MPI the
+        many-call is not taken on trust: each batch is timed against :data:`EACH` per array
+        (:meth:`_tuned_many`, the module's docstring).
         """
         name = self.many if len(bufs) > 1 else None      # one array: one call of the model's pick
         if name is not None and self.tunes:
@@ -156,6 +158,7 @@ class Reducer:
                     self.batch_picks.clear()
                     self.batch_scores.clear()
                     self._watches.clear()
+                    self._reopens.clear()
                 self.batch_picks[key] = trial.winner(slowest.tolist())
                 self.batch_scores[key] = dict(zip(trial.contenders, slowest.tolist()))
                 if self._reopens.get(key, 0) < autotune.MAX_REOPENS:
