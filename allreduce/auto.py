@@ -99,26 +99,29 @@ class AutoChooser:
         self.auto_picks[nbytes] = name
         return name
 
+    def _agree_max(self, values: list[float]) -> list[float]:
+        """Every rank's maximum of each of ``values`` (one tiny allreduce on this transport)."""
+        out = np.array(values, np.float64)
+        algorithms.run("rd", self.transport, out, Op.MAX, workspace=self.workspace, segment_bytes=0)
+        return out.tolist()
+
     def _decide(self, trial) -> None:
         """Every rank has made the last call of the trial's rounds: agree on each contender's
-        slowest rank's score (one tiny MAX allreduce). After the first rounds the fastest runs
-        until the recheck (:meth:`Trial.recheck`); after the second it is kept for this size."""
-        slowest = np.array(trial.scores(), np.float64)
-        algorithms.run("rd", self.transport, slowest, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        if not trial.recheck(slowest.tolist()):
-            self._keep(trial.nbytes, self.tuner.decide(trial, slowest.tolist()))
+        slowest rank's score. After the first rounds the fastest runs until the recheck
+        (:meth:`Trial.recheck`); after the second it is kept for this size."""
+        name = self.tuner.finish_round(trial, self._agree_max)
+        if name is not None:
+            self._keep(trial.nbytes, name)
 
     def _check_watch(self, watch) -> None:
-        """A window of a kept pick's calls is in, on every rank at the same call: agree on the
-        slowest rank's mean (one tiny MAX allreduce); tune the size again if it is
-        :data:`~allreduce.autotune.REOPEN` times off the score it won with, either way."""
-        mean = np.array([watch.mean()], np.float64)
-        algorithms.run("rd", self.transport, mean, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        if watch.stale(float(mean[0])):
+        """A window of a kept pick's calls is in, on every rank at the same call: tune the size
+        again if the slowest rank's mean is :data:`~allreduce.autotune.REOPEN` times off the
+        score it won with, either way."""
+        mean = self.tuner.check(watch, self._agree_max)
+        if mean is not None:
             log.info("rank %d: auto's pick %s for %d bytes moved from %.3g to %.3g s a call; tuning again",
-                     self.rank, watch.name, watch.nbytes, watch.score, float(mean[0]))
+                     self.rank, watch.name, watch.nbytes, watch.score, mean)
             self.auto_picks.pop(watch.nbytes, None)
-            self.tuner.reopen(watch.nbytes)
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:
         """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""

@@ -225,17 +225,39 @@ class AutoTuner:
         trial = self.trials[nbytes] = Trial(nbytes, names, trials)
         return trial
 
-    def decide(self, trial: Trial, slowest: list[float]) -> str:
-        """Close ``trial`` with the agreed times; return the winner."""
+    def decide(self, trial: Trial, slowest: list[float], *, watch: bool | None = None) -> str:
+        """Close ``trial`` with the agreed times; return the winner. ``watch``: keep a
+        :class:`Watch` on it (default: for sizes of ``WATCH_BYTES`` and up)."""
         del self.trials[trial.nbytes]
         if len(self.decided) >= 4096:
             self.decided.clear()
             self.watches.clear()
         self.decided[trial.nbytes] = dict(zip(trial.contenders, slowest))
         name = trial.winner(slowest)
-        if trial.nbytes >= WATCH_BYTES and self.reopens.get(trial.nbytes, 0) < MAX_REOPENS:
+        if watch is None:
+            watch = trial.nbytes >= WATCH_BYTES
+        if watch and self.reopens.get(trial.nbytes, 0) < MAX_REOPENS:
             self.watches[trial.nbytes] = Watch(trial.nbytes, name, min(slowest))
         return name
+
+    def finish_round(self, trial: Trial, agree, *, watch: bool | None = None) -> str | None:
+        """Every rank has made the last call of a round of ``trial``: agree on the scores
+        (``agree``: a list of floats -> every rank's maximum of each, a collective), then recheck
+        (None) or decide (the winner, kept from now on; ``watch`` as for :meth:`decide`)."""
+        slowest = agree(trial.scores())
+        if trial.recheck(slowest):
+            return None
+        return self.decide(trial, slowest, watch=watch)
+
+    def check(self, watch: Watch, agree) -> float | None:
+        """A window of ``watch``'s calls is in on every rank: agree on its mean (``agree`` as for
+        :meth:`finish_round`); if it is stale, forget the decision (:meth:`reopen`) and return
+        the agreed mean, else None."""
+        mean = agree([watch.mean()])[0]
+        if not watch.stale(mean):
+            return None
+        self.reopen(watch.nbytes)
+        return mean
 
     def reopen(self, nbytes: int) -> None:
         """Forget the decision for ``nbytes``: its next call starts a new trial."""

@@ -83,20 +83,6 @@ def _progress(rank: int, text: str) -> None:
         print(f"[bench {time.perf_counter() - _START:6.1f} s] {text}", file=sys.stderr, flush=True)
 
 
-def measure_membw(mpi, nbytes: int, repeats: int = 4) -> float:
-    """B_mem with every rank copying at once: all bytes moved / slowest rank, best of ``repeats``."""
-    src = np.ones(max(nbytes // 8, 1))
-    dst = np.empty_like(src)
-    dst.fill(0.0)
-    best = float("inf")
-    for _ in range(repeats):
-        mpi.Barrier()
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, mpi.allreduce(time.perf_counter() - start, op=_max()))
-    return mpi.Get_size() * 2 * src.nbytes / best
-
-
 def _max():
     from mpi4py import MPI
     return MPI.MAX
@@ -305,7 +291,7 @@ def main(argv=None) -> int:
     command = common.command_line()
     desc = common.machine_description()
     _progress(rank, "measuring memory bandwidth")
-    b_mem = measure_membw(mpi, args.membw_mib << 20)
+    b_mem = membw.all_ranks_bandwidth(mpi, args.membw_mib << 20)
     gamma = membw.reduce_gamma(min(32 << 20, args.membw_mib << 20)) if rank == 0 else 0.0
     cross = membw.cross_core(comm.transport)
     _progress(rank, "measuring the metadata check")
@@ -339,9 +325,8 @@ def main(argv=None) -> int:
                        "cold_mib": args.cold,
                        "dtype": args.datatype, "op": args.op, "membw_gbps": b_mem / 1e9,
                        "bound_algbw_gbps": bound / 1e9 if args.collective == "allreduce" else None,
-                       "gamma_s_per_byte": gamma,
-                       "cross_core_gbps": None if cross is None else {"read": cross[0] / 1e9,
-                                                                       "rewrite": cross[1] / 1e9}, "check_cost_us": check_us, "notes": notes,
+                       "gamma_s_per_byte": gamma, "check_cost_us": check_us, "notes": notes,
+                       "cross_core_gbps": cross and {"read": cross[0] / 1e9, "rewrite": cross[1] / 1e9},
                        "auto_picks": {str(r.size_bytes): comm.auto_picks[r.size_bytes] for r in rows
                                       if r.algorithm == "auto" and r.size_bytes in comm.auto_picks}}
             common.write_json(args.json, payload, (r.record() for r in rows))

@@ -176,10 +176,10 @@ def bench_resnet50(ar, args, mpi) -> list[dict]:
         def step_inplace():
             _wait_all([ar.allreduce_async_(g, name=n, op=ar.Average) for g, n in zip(grads, names)])
         variants["engine-161-inplace"] = step_inplace
-    settled = _settle([fn for name, fn in variants.items()])
     reducer = getattr(ar.api._running_engine(), "reducer", None)
+    settled = _settle(list(variants.values()), reducer)
     kept = "; ".join(f"{k[0]} tensors, {k[1] / 2**20:.1f} MiB: {reducer.batch_picks[k]} ("
-                     + ", ".join(f"{w} {t * 1e3:.1f} ms" for w, t in reducer.batch_scores[k].items()) + ")"
+                     + ", ".join(f"{w} {t * 1e3:.1f} ms" for w, t in reducer.tuner.decided.get(k, {}).items()) + ")"
                      for k in sorted(reducer.batch_picks, key=lambda k: -k[1])[:2]) if reducer else ""
     variants["raw-allreduce"] = lambda: comm.allreduce_(flat, ar.Average)
     times = timed_together(variants, args, mpi)
@@ -192,13 +192,12 @@ def bench_resnet50(ar, args, mpi) -> list[dict]:
 SETTLE_STEPS = 120   #: at most this many warm-up steps for the engine's batch tuner
 
 
-def _settle(steps: list) -> int:
-    """Run the engine ``steps`` round-robin until its batch tuner has kept a way for every batch
-    it has met (:class:`allreduce.engine.reducer.Reducer`); a training loop runs thousands of steps,
-    and the table is about those. The tuner's state is the same on every rank after each step (its
-    agreements are collective), so every rank stops at the same step. Returns the steps run."""
-    import allreduce as ar
-    reducer = getattr(ar.api._running_engine(), "reducer", None)
+def _settle(steps: list, reducer) -> int:
+    """Run the engine ``steps`` round-robin until its batch tuner (``reducer``, the engine's
+    :class:`allreduce.engine.reducer.Reducer`) has kept a way for every batch it has met twice; a
+    training loop runs thousands of steps, and the table is about those. The tuner's state is the
+    same on every rank after each step (its agreements are collective), so every rank stops at
+    the same step. Returns the steps run."""
     count = 0
     while count < SETTLE_STEPS and (count < 2 or (reducer is not None and reducer.tuning)):
         for step in steps:

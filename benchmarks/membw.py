@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-__all__ = ["copy_bandwidth", "cross_core", "reduce_gamma", "allreduce_bound"]
+__all__ = ["copy_bandwidth", "all_ranks_bandwidth", "cross_core", "reduce_gamma", "allreduce_bound"]
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 5) -> float:
@@ -57,6 +57,22 @@ def copy_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best
+
+
+def all_ranks_bandwidth(mpi, nbytes: int, repeats: int = 4) -> float:
+    """B_mem with every rank of the mpi4py communicator ``mpi`` copying ``nbytes`` at once: all
+    bytes moved / the slowest rank's time, best of ``repeats`` (what the allreduce bound uses)."""
+    from mpi4py import MPI
+    src = np.ones(max(nbytes // 8, 1))
+    dst = np.empty_like(src)
+    dst.fill(0.0)
+    best = float("inf")
+    for _ in range(repeats):
+        mpi.Barrier()
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, mpi.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return mpi.Get_size() * 2 * src.nbytes / best
 
 
 def cross_core(transport, nbytes: int = 2 << 20, *, rounds: int = 50) -> tuple[float, float] | None:

@@ -68,18 +68,24 @@ class Reducer:
             if self.algorithm == "auto" else None
         # Time the many-call against EACH per array where auto tunes (the MPI transport, one node).
         self.tunes = self.many is not None and self.algorithm == "auto" and comm.tuner is not None
+        # The same books as auto's (trials, agreed scores in ``tuner.decided``, watches, reopen
+        # counts), keyed by batch instead of by size.
+        self.tuner = autotune.AutoTuner() if self.tunes else None
         self.batch_picks: dict[tuple, str] = {}           # batch -> "many" or "each", agreed
-        self.batch_scores: dict[tuple, dict[str, float]] = {}   # batch -> agreed seconds per way
-        self._trials: dict[tuple, list] = {}              # batch -> [its Trial, the call that last ran it]
+        self._last: dict[tuple, int] = {}                 # batch in trial -> the call that last ran it
         self._calls = 0                                   # tuned batch calls so far (the same on every rank)
-        self._watches: dict[tuple, autotune.Watch] = {}   # batch -> its kept way's running time
-        self._reopens: dict[tuple, int] = {}              # batch -> times timed again
 
     @property
     def tuning(self) -> bool:
         """True while a batch met more than once still times its ways (one met once, when the
         tensors happened to split differently, may never come again)."""
-        return any(trial.calls > 1 for trial, _ in self._trials.values())
+        return self.tuner is not None and any(trial.calls > 1 for trial in self.tuner.trials.values())
+
+    def _agree_max(self, values: list[float]) -> list[float]:
+        """Every rank's maximum of each of ``values`` (a control allreduce)."""
+        out = np.array(values, np.float64)
+        self.control(out, Op.MAX)
+        return out.tolist()
 
     def control(self, buf: np.ndarray, op: Op) -> str:
         """Reduce a small control vector (negotiation, overflow flags) with recursive doubling over
@@ -128,41 +134,31 @@ class Reducer:
     def _tuned_many(self, bufs: list, op: Op, srcs: list) -> str:
         """A direct batch by the measured faster way: the many-call, or :data:`EACH` per array."""
         key = (len(bufs), sum(b.nbytes for b in bufs), bufs[0].dtype.str)
+        tuner = self.tuner
         choice = self.batch_picks.get(key)
         if choice is not None:
-            watch = self._watches.get(key)
+            watch = tuner.watches.get(key)
             start = time.perf_counter()
             name = self._run_batch(choice, bufs, op, srcs)
-            if watch is not None and watch.record(time.perf_counter() - start):
-                mean = np.array([watch.mean()], np.float64)
-                self.control(mean, Op.MAX)                   # the same call on every rank
-                if watch.stale(float(mean[0])):             # its time moved: time both ways again
-                    del self.batch_picks[key], self.batch_scores[key], self._watches[key]
-                    self._reopens[key] = self._reopens.get(key, 0) + 1
+            if watch is not None and watch.record(time.perf_counter() - start) \
+                    and tuner.check(watch, self._agree_max) is not None:
+                del self.batch_picks[key]                    # its time moved: time both ways again
             return name
         self._calls += 1
-        for stale in [k for k, (_, last) in self._trials.items() if last < self._calls - STALE_CALLS]:
-            del self._trials[stale]                       # a rare batch: forget it, start again if it returns
-        held = self._trials.get(key)
-        if held is None:
-            held = self._trials[key] = [autotune.Trial(key[1], ["many", "each"], autotune.MIN_TRIALS), 0]
-        trial, held[1] = held[0], self._calls
+        for stale in [k for k, last in self._last.items() if last < self._calls - STALE_CALLS]:
+            del self._last[stale]                         # a rare batch: forget it, start again if it returns
+            tuner.trials.pop(stale, None)
+        trial = tuner.trials.get(key) or tuner.start(key, ["many", "each"], autotune.MIN_TRIALS)
+        self._last[key] = self._calls
         start = time.perf_counter()
         name = self._run_batch(trial.current(), bufs, op, srcs)
         if trial.record(time.perf_counter() - start):    # the same call on every rank: agree
-            slowest = np.array(trial.scores(), np.float64)
-            self.control(slowest, Op.MAX)
-            if not trial.recheck(slowest.tolist()):
-                del self._trials[key]
+            kept = tuner.finish_round(trial, self._agree_max, watch=True)
+            if kept is not None:
+                del self._last[key]
                 if len(self.batch_picks) >= 4096:            # every rank clears at the same call
                     self.batch_picks.clear()
-                    self.batch_scores.clear()
-                    self._watches.clear()
-                    self._reopens.clear()
-                self.batch_picks[key] = trial.winner(slowest.tolist())
-                self.batch_scores[key] = dict(zip(trial.contenders, slowest.tolist()))
-                if self._reopens.get(key, 0) < autotune.MAX_REOPENS:
-                    self._watches[key] = autotune.Watch(key[1], self.batch_picks[key], float(slowest.min()))
+                self.batch_picks[key] = kept
         return name
 
     def _run_batch(self, choice: str, bufs: list, op: Op, srcs: list) -> str:
