@@ -26,7 +26,7 @@ from .ops import Op
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter",
            "broadcast_object", "allgather_object", "barrier", "explain_choice",
-           "allreduce_async", "grouped_allreduce", "synchronize"]
+           "allreduce_async", "grouped_allreduce", "synchronize", "shared_empty"]
 
 _current: Communicator | None = None
 _engine: Engine | None = None
@@ -297,6 +297,13 @@ def explain_choice(nbytes: int) -> str:
         text += (f"\n  auto runs {c.auto_picks[nbytes]}: rank 0's cost model picks it, and every rank "
                  "runs rank 0's pick")
     return text
+
+
+def shared_empty(shape, dtype=np.float32) -> np.ndarray:
+    """An array whose memory every rank of the node can read (collective: every rank calls it with
+    the same shape and dtype). ``allreduce_(x, algorithm="shm")`` on it skips the copy into shared
+    memory: see :meth:`Communicator.shared_empty`."""
+    return communicator().shared_empty(shape, dtype)
 
 
 def barrier() -> None:

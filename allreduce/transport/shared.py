@@ -11,7 +11,8 @@ writes its data there, and reads its peers' regions in place. Algorithm
     +------+---------------+   +------+---------------+        +------+---------------+
     | flag | data (nbytes) |   | flag | data (nbytes) |        | flag | data (nbytes) |
     +------+---------------+   +------+---------------+        +------+---------------+
-      ^ a 64-byte line (flag, round count): spinning on it never touches a data cache line
+      ^ a 64-byte line (flag, round count, the call's tag): spinning on it never touches a
+        data cache line
 
 A flag is a counter only its owner writes. ``post()`` says "everything I
 wrote before this is visible: I am at step ``seq``"; ``wait(j, value)`` spins
@@ -32,6 +33,15 @@ Two implementations, one interface (:class:`SharedSegment`):
 transport, so later calls reuse it: allocation is collective on MPI, and
 every rank makes the same calls in the same order, so every rank allocates
 together.
+
+Registered buffers. :func:`allocate` builds a segment for the caller's own
+data instead (``Communicator.shared_empty``: an array whose memory every rank
+of the node can read, as NCCL's ``ncclMemAlloc`` with buffer registration,
+PyTorch's symmetric memory, or ``MPI_Win_allocate_shared``). An algorithm
+given such an array finds it with :func:`find` and reads the peers' copies
+in place, skipping the copy into a segment. Each allocation is its own
+segment with its own flags, so the k-th allocation of every rank belongs
+together.
 """
 from __future__ import annotations
 
@@ -44,7 +54,8 @@ import numpy as np
 
 from ..errors import PeerLostError, TransportError, TransportTimeoutError
 
-__all__ = ["SharedSegment", "attach", "window_bytes", "WAIT_TIMEOUT", "WINDOW_BYTES", "WINDOW_BYTES_OVERSUBSCRIBED"]
+__all__ = ["SharedSegment", "attach", "allocate", "find", "window_bytes", "WAIT_TIMEOUT", "WINDOW_BYTES",
+           "WINDOW_BYTES_OVERSUBSCRIBED"]
 
 #: A streaming algorithm's window per rank when every rank of the node has a core: the segment
 #: (two halves of the window per rank) stays in the last-level cache next to the inputs.
@@ -60,7 +71,9 @@ _YIELDS = 2000           #: then sched_yield polls: an oversubscribed peer needs
 _SLEEP = 50e-6           #: then sleep between polls, so a long wait costs no CPU
 _CORES = os.cpu_count() or 1   #: the machine's CPUs, read once (os.cpu_count costs ~6 us a call)
 
+_FLAG_WORDS = 5          #: per flag line: seq, round count, and the current call's tag (three words)
 _cache: "weakref.WeakKeyDictionary[object, dict[int, SharedSegment]]" = weakref.WeakKeyDictionary()
+_buffers: "weakref.WeakKeyDictionary[object, list[tuple[int, int, SharedSegment]]]" = weakref.WeakKeyDictionary()
 _thread_states: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -98,6 +111,15 @@ class SharedSegment:
         """``count`` elements of ``dtype`` from rank ``rank``'s region, starting at element ``offset``."""
         dtype = np.dtype(dtype)
         return self.regions[rank][offset * dtype.itemsize:(offset + count) * dtype.itemsize].view(dtype)
+
+    def set_tag(self, *words: int) -> None:
+        """Describe the call this rank is in (up to three integers), for peers to compare after
+        they see its next post: a registered buffer's offset, count and dtype."""
+        self._flags[self.rank][2:2 + len(words)] = words
+
+    def tag(self, rank: int) -> tuple[int, ...]:
+        """The tag rank ``rank`` set before its latest post (read it after waiting for that post)."""
+        return tuple(int(w) for w in self._flags[rank][2:_FLAG_WORDS])
 
     def post(self) -> int:
         """Publish everything written so far and advance this rank's flag; returns the new value."""
@@ -168,7 +190,7 @@ class _MPISegment(SharedSegment):
         for j in range(size):
             mem, _ = self._win.Shared_query(j)
             whole = np.frombuffer(mem, dtype=np.uint8, count=stride)
-            flags.append(whole[:_LINE].view(np.int64)[:2])
+            flags.append(whole[:_LINE].view(np.int64)[:_FLAG_WORDS])
             regions.append(whole[_PAGE:_PAGE + nbytes])
         flags[rank][:] = 0
         node.Barrier()                          # every flag is zeroed before anyone reads one
@@ -202,16 +224,16 @@ class _ThreadSegment(SharedSegment):
                 self._cond.wait(min(left, 0.2))
 
 
-def _thread_state(world, members: tuple, nbytes: int) -> dict:
+def _thread_state(world, members: tuple, nbytes: int, key=None) -> dict:
     """The arrays all thread ranks of ``members`` share (built by whichever rank comes first)."""
     with _lock:
         states = _thread_states.setdefault(world, {})
-        key = (members, nbytes)
+        key = (members, nbytes) if key is None else (members, nbytes, key)
         if key not in states:
             size = len(members)
             states[key] = {"size": size, "cond": threading.Condition(),
                            "regions": [np.zeros(nbytes, np.uint8) for _ in range(size)],
-                           "flags": [np.zeros(_LINE // 8, np.int64)[:2] for _ in range(size)]}
+                           "flags": [np.zeros(_LINE // 8, np.int64)[:_FLAG_WORDS] for _ in range(size)]}
         return states[key]
 
 
@@ -248,16 +270,47 @@ def attach(comm, nbytes: int) -> SharedSegment:
     per_comm = _cache.setdefault(comm, {})
     seg = per_comm.get(nbytes)
     if seg is None:
-        world = getattr(comm, "world", None)
-        if world is not None:
-            members = tuple(getattr(comm, "members", range(comm.size)))
-            state = _thread_state(world, members, nbytes)
-            seg = _ThreadSegment(comm.rank, state, getattr(world, "timeout", WAIT_TIMEOUT), world)
-        elif hasattr(comm, "comm"):
-            seg = _MPISegment(comm.comm, nbytes, getattr(comm, "timeout", WAIT_TIMEOUT))
-        else:
-            raise ValueError(f"{type(comm).__name__} offers no shared memory: shared-memory algorithms "
-                             "need the MPI transport or the in-process thread transport")
-        per_comm[nbytes] = seg
+        seg = per_comm[nbytes] = _build(comm, nbytes)
     seg.check_usable()
     return seg
+
+
+def _build(comm, nbytes: int, key=None) -> SharedSegment:
+    world = getattr(comm, "world", None)
+    if world is not None:
+        members = tuple(getattr(comm, "members", range(comm.size)))
+        state = _thread_state(world, members, nbytes, key)
+        return _ThreadSegment(comm.rank, state, getattr(world, "timeout", WAIT_TIMEOUT), world)
+    if hasattr(comm, "comm"):
+        return _MPISegment(comm.comm, nbytes, getattr(comm, "timeout", WAIT_TIMEOUT))
+    raise ValueError(f"{type(comm).__name__} offers no shared memory: shared-memory algorithms "
+                     "need the MPI transport or the in-process thread transport")
+
+
+def allocate(comm, nbytes: int) -> SharedSegment:
+    """A new segment of ``nbytes`` per rank for the caller's own data (a registered buffer).
+
+    Collective: every rank of ``comm`` calls it, in the same order, with the same ``nbytes``.
+    The segment lives as long as ``comm``; :func:`find` knows it from then on.
+
+    Raises:
+        ValueError: as :func:`attach`.
+    """
+    known = _buffers.setdefault(comm, [])
+    seg = _build(comm, max(int(nbytes), 1), key=("buffer", len(known)))
+    mine = seg.regions[seg.rank]
+    known.append((mine.ctypes.data, mine.nbytes, seg))
+    return seg
+
+
+def find(comm, array: np.ndarray) -> tuple[SharedSegment, int] | None:
+    """``(segment, byte offset)`` if ``array`` (contiguous) lies in this rank's region of a segment
+    :func:`allocate` made for ``comm``; None otherwise (and at once when there is none)."""
+    known = _buffers.get(comm)
+    if not known:
+        return None
+    start = array.ctypes.data
+    for base, size, seg in known:
+        if base <= start and start + array.nbytes <= base + size:
+            return seg, start - base
+    return None
