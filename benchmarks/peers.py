@@ -8,6 +8,9 @@ a new array. Names:
 ring tree rhd   our algorithms, through ``Communicator.allreduce_(algorithm=)``
 rd mpi shm ...  ("mpi" is our wrapper around MPI_Allreduce: native.py; "auto"
                 lets the cost model choose per call)
+shm-reg         shm on a registered buffer (``Communicator.shared_empty``): the
+                input is copied once into shared memory that peers read in
+                place, as nccl-tests' ``-R 1`` times NCCL with registered buffers
 ours            our broadcast / allgather / reducescatter (not allreduce)
 mpi4py          the MPI library called directly through mpi4py, no wrapper
 gloo            torch.distributed with the Gloo backend (when torch imports)
@@ -56,6 +59,8 @@ def make_runner(name: str, ctx: Context) -> Callable[[np.ndarray], np.ndarray]:
     """The runner for ``name``; raises ``Unavailable`` if it cannot run here."""
     if name in OURS:
         return _ours_allreduce(name, ctx)
+    if name == "shm-reg":
+        return _registered(ctx)
     if name == "ours":
         return _ours_other(ctx)
     if name == "mpi4py":
@@ -64,7 +69,8 @@ def make_runner(name: str, ctx: Context) -> Callable[[np.ndarray], np.ndarray]:
         return _gloo(ctx)
     if name == "horovod":
         return _horovod(ctx)
-    raise ValueError(f"unknown algorithm or peer {name!r}; known: {', '.join(OURS)}, ours, mpi4py, gloo, horovod")
+    raise ValueError(f"unknown algorithm or peer {name!r}; known: {', '.join(OURS)}, shm-reg, ours, mpi4py, "
+                     "gloo, horovod")
 
 
 def _as_op(op: str):
@@ -85,6 +91,27 @@ def _ours_allreduce(name: str, ctx: Context):
     if name == "auto":
         return _auto_runner(comm, op)
     return lambda x: comm.allreduce_(x, op, algorithm=name)
+
+
+def _registered(ctx: Context):
+    """shm in place on a registered copy of each input: the first call on an input copies it into
+    memory from ``shared_empty`` (collective: every rank meets its inputs in the same order), later
+    calls reduce that memory where it lies. The result is the registered array."""
+    if ctx.collective != "allreduce":
+        raise Unavailable(f"shm-reg is an allreduce algorithm; use 'ours' for {ctx.collective}")
+    if ctx.mpi_comm is None or ctx.size < 2:
+        raise Unavailable("shm-reg needs MPI ranks that share a node")
+    comm, op = ctx.comm, _as_op(ctx.op)
+    copies: dict[int, tuple[np.ndarray, np.ndarray]] = {}      # id(input) -> (input, registered copy)
+
+    def run(x):
+        held = copies.get(id(x))
+        if held is None or held[0] is not x:
+            reg = comm.shared_empty(x.shape, x.dtype)
+            reg[...] = x
+            copies[id(x)] = held = (x, reg)                       # x held: its id is not reused
+        return comm.allreduce_(held[1], op, algorithm="shm")
+    return run
 
 
 def _auto_runner(comm, op):

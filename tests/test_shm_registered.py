@@ -4,6 +4,8 @@ Thread ranks for the exhaustive cases, MPI ranks (under a timeout) for the real 
 Every result is compared bit for bit with shm's copy-in path on the same inputs, which adds in
 the same order, and with the float64 reference.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,11 @@ from allreduce.transport.threads import run_threads
 from .harness import assert_allreduce_ok, make_inputs, mpirun, run_algorithm
 
 
-def registered_run(inputs, op, *, check=False, pad=0):
+def shm_with(slot_bytes):
+    return functools.partial(shm.allreduce, slot_bytes=slot_bytes)
+
+
+def registered_run(inputs, op, *, check=False, pad=0, slot_bytes=None):
     """Each thread rank copies its input into a registered array (at element ``pad``) and reduces it
     in place with algorithm shm; returns (results, whether shm found the buffer registered)."""
     def body(comm):
@@ -30,7 +36,10 @@ def registered_run(inputs, op, *, check=False, pad=0):
         buf = whole[pad:]
         buf[:] = x.reshape(-1)
         found = shared.find(comm, buf) is not None
-        c.allreduce_(buf, op)
+        if slot_bytes is None:
+            c.allreduce_(buf, op)
+        else:
+            shm.allreduce(comm, buf, op, workspace=Workspace(), slot_bytes=slot_bytes)
         return buf.reshape(x.shape).copy(), found
     got = run_threads(len(inputs), body, timeout=20)
     return [g for g, _ in got], [f for _, f in got]
@@ -38,12 +47,17 @@ def registered_run(inputs, op, *, check=False, pad=0):
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
 @pytest.mark.parametrize("count", [0, 1, 3, 7, 100, 1001])
-def test_edges_match_the_copy_in_path_bit_for_bit(p, count):
+@pytest.mark.parametrize("slot_bytes", [None, 8, 100], ids=["one-window", "8B", "100B"])
+def test_edges_match_the_copy_in_path_bit_for_bit(p, count, slot_bytes):
+    """Windows of 8 bytes per rank: a 1001-element buffer streams through hundreds of windows. A
+    window holds ``slot_bytes`` per rank here, and ``slot_bytes`` in all on the copy-in path (each
+    region holds a whole window): the same cut with p times the copy-in path's window."""
     inputs = make_inputs(np.random.default_rng(count * 10 + p), p, count, np.float32, Op.SUM)
-    got, found = registered_run(inputs, Op.SUM)
+    got, found = registered_run(inputs, Op.SUM, slot_bytes=slot_bytes)
     assert all(found)
     assert_allreduce_ok(got, inputs, Op.SUM)
-    copy_in = run_algorithm(shm.allreduce, inputs, Op.SUM)
+    cut = None if slot_bytes is None else shm_with(p * slot_bytes)
+    copy_in = run_algorithm(cut or shm.allreduce, inputs, Op.SUM)
     assert [g.tobytes() for g in got] == [c.tobytes() for c in copy_in]
 
 
@@ -52,9 +66,9 @@ def test_edges_match_the_copy_in_path_bit_for_bit(p, count):
 def test_every_dtype_and_op(dtype, op):
     for p in (2, 3):
         inputs = make_inputs(np.random.default_rng(p), p, 37, dtype, op)
-        got, _ = registered_run(inputs, op, pad=3)          # a slice that starts inside the array
+        got, _ = registered_run(inputs, op, pad=3, slot_bytes=16)   # a slice inside the array, 16 B windows
         assert_allreduce_ok(got, inputs, op)
-        copy_in = run_algorithm(shm.allreduce, inputs, op)
+        copy_in = run_algorithm(shm_with(p * 16), inputs, op)
         assert [g.tobytes() for g in got] == [c.tobytes() for c in copy_in]
 
 
@@ -83,7 +97,7 @@ def test_stress_back_to_back_slices_of_one_buffer(p):
         for i, (start, xs, op, want) in enumerate(plan):
             buf = whole[start:start + xs[0].size]
             buf[:] = xs[comm.rank]
-            shm.allreduce(comm, buf, op, workspace=Workspace())
+            shm.allreduce(comm, buf, op, workspace=Workspace(), slot_bytes=16 + 4 * (i % 5))
             if buf.tobytes() != want.tobytes():
                 raise AssertionError(f"rank {comm.rank} call {i}: {buf[:8]} want {want[:8]}")
     run_threads(p, body, timeout=60)

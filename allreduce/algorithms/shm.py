@@ -174,25 +174,33 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     if src is None:
         registered = shared.find(comm, buf)
         if registered is not None and registered[1] % buf.dtype.itemsize == 0:
-            zero_copy(registered[0], buf, registered[1] // buf.dtype.itemsize, op)
+            zero_copy(registered[0], buf, registered[1] // buf.dtype.itemsize, op, slot_bytes)
             return
     _stream(comm, buf, src, op, slot_bytes)
 
 
-def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op) -> None:
+def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
+              slot_bytes: int | None = None) -> None:
     """Reduce ``buf`` in place where it lies: element ``offset`` of this rank's region of ``seg``.
 
-    Every rank's buffer is already in shared memory, so there is no copy-in and no window::
+    Every rank's buffer is already in shared memory, so there is no copy-in::
 
         post "my input is ready"; check every peer's tag (offset, count, dtype) against mine
-        reduce:   my slice += each peer's slice, read in its buffer      post "my slice is final"
-        copy-out: each peer's finished slice, from its buffer, into mine  post "done reading"
-        wait until every peer is done reading mine: then the caller may write into buf again
+        for each window of p x slot_bytes (my part of it: its slice me):
+            reduce:   my slice += each peer's slice, read in its buffer    post "window k final"
+            copy-out: each peer's finished slice, from its buffer, into mine
+        post "done reading"; wait until every peer is done reading mine (then the caller may
+        write into buf again)
 
-    Bytes moved per byte: read p slices and write mine (p + 1)/p ... (3p - 3)/p with pairwise
-    passes, plus copy-out 2(p - 1)/p: (5p - 5)/p, against (7p - 6)/p with the copy-in. A peer
-    reads my slice j only before it posts "final" (I overwrite slice j only after that post), and
-    reads my finished slice only before it posts "done" (I return only after that post).
+    Bytes moved per byte: reduce (3p - 3)/p with pairwise passes, copy-out 2(p - 1)/p:
+    (5p - 5)/p, against (7p - 6)/p with the copy-in. A window holds ``slot_bytes`` per rank's
+    slice (the copy-in path's hold ``slot_bytes`` in all), so a finished slice is still in the
+    cache when the peers copy it out; the bits are those of the copy-in path with p x
+    ``slot_bytes`` (the same cut into slices, the same order of additions).
+
+    Why it is race-free. A peer reads my slice j of window k only before it posts "window k
+    final" (I overwrite that slice only after the post), and my finished slices only before it
+    posts "done" (I return only after that post, so the caller cannot overwrite them early).
     """
     p, me, count = seg.size, seg.rank, buf.size
     if p == 1 or count == 0:
@@ -212,25 +220,26 @@ def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op) -
                 f"reduces {count} elements at element {offset} ({_describe(tag)}), rank {peer} "
                 f"{theirs[1]} at element {theirs[0]} ({_describe(theirs)}); every rank must pass "
                 "the same slice of the array shared_empty returned, with the same dtype and op")
-
-    def view(rank: int) -> np.ndarray:
-        return seg.data(rank, buf.dtype, count, offset)
-
-    slices = partition.chunks(count, p)
-    off, n = slices[me]
-    mine = buf[off:off + n]
-    for i in range(1, p):
-        theirs = view((me + i) % p)[off:off + n]
-        if i < p - 1:
-            kernels.reduce_into(mine, theirs, op)
-        else:
-            kernels.reduce_finish_into(mine, theirs, op, p)
-    final = seg.post()
-    for i in range(1, p):
-        peer = (me + i) % p
-        seg.wait(peer, final)
-        off, n = slices[peer]
-        kernels.copy_into(buf[off:off + n], view(peer)[off:off + n])
+    peers = [seg.data(peer, buf.dtype, count, offset) for peer in range(p)]
+    slot_bytes = shared.window_bytes(p) if slot_bytes is None else slot_bytes
+    per = p * (slot_bytes // buf.itemsize)                  # elements per window (windows() checks > 0)
+    for start in windows(count, buf.itemsize, p * slot_bytes):
+        window = buf[start:start + per]
+        slices = [(start + off, n) for off, n in partition.chunks(window.size, p)]
+        off, n = slices[me]
+        mine = buf[off:off + n]
+        for i in range(1, p):
+            theirs = peers[(me + i) % p][off:off + n]
+            if i < p - 1:
+                kernels.reduce_into(mine, theirs, op)
+            else:
+                kernels.reduce_finish_into(mine, theirs, op, p)
+        final = seg.post()
+        for i in range(1, p):
+            peer = (me + i) % p
+            seg.wait(peer, final)
+            off, n = slices[peer]
+            kernels.copy_into(buf[off:off + n], peers[peer][off:off + n])
     done = seg.post()
     for i in range(1, p):
         seg.wait((me + i) % p, done)

@@ -3,7 +3,8 @@
 Run by tests/test_shm_registered.py as ``mpirun -np P python shm_registered.py ITERS``.
 
 Each call reduces a random slice (the same on every rank) of one registered array, through the
-public ``ar.allreduce_`` with no metadata check and no barrier, and writes the next inputs the
+public ``ar.allreduce_`` (or, every other call, shm itself with 1 KiB windows) with no metadata
+check and no barrier, and writes the next inputs the
 moment it returns: a rank returning while a peer still reads its slice would show as a wrong
 integer. Large calls (up to 3 M elements) come every tenth. Then every rank passes a different
 slice, and every rank must raise MismatchError instead of hanging or reducing garbage.
@@ -13,6 +14,8 @@ import sys
 import numpy as np
 
 import allreduce as ar
+from allreduce.algorithms import shm
+from allreduce.buffers import Workspace
 from allreduce.kernels.reference import allreduce_reference
 from allreduce.transport import shared
 
@@ -34,7 +37,10 @@ for it in range(iters):
     xs = [rng.integers(-hi, hi, count).astype(dtype) for _ in range(p)]
     buf = arrays[dtype][start:start + count]
     buf[:] = xs[me]
-    ar.allreduce_(buf, op=op, algorithm="shm")
+    if it % 2:                      # straight to the algorithm, through 1 KiB windows (many per call)
+        shm.allreduce(comm.transport, buf, op, workspace=Workspace(), slot_bytes=1024)
+    else:
+        ar.allreduce_(buf, op=op, algorithm="shm")
     want = allreduce_reference(xs, op)
     if dtype.kind == "f" and op == ar.Average:
         ok = np.allclose(buf.astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
