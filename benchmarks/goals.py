@@ -65,16 +65,24 @@ def _verdict(x: float | None, goal: str, met: bool) -> str:
 OURS = ("ring", "tree", "rhd", "rd", "shm", "mpi")    # what auto chooses among (mpi: native, on MPI)
 
 
-def _shm_traffic(p: int | None) -> str:
+#: shm's two ways: bytes moved per byte at p ranks, and what moves them.
+_TRAFFIC = {"shm": ("(7p-6)/p", lambda p: (7 * p - 6) / p,
+                    "copy in, reduce and publish in one pass, copy out"),
+            "shm-reg": ("(5p-5)/p", lambda p: (5 * p - 5) / p,
+                        "no copy in: reduce from the peers' registered buffers, copy out")}
+_SHM_LABEL = {"shm": "shm", "shm-reg": "shm on registered buffers (`shared_empty`, no copy-in)"}
+
+
+def _shm_traffic(p: int | None, name: str = "shm") -> str:
     """shm's bytes through memory per byte at ``p`` ranks, against what 60% of the bound allows
     (the bound B_mem/(2p) counts 2 bytes per byte for each rank's share of B_mem). Part of shm's
-    traffic stays in the last-level cache (the segment is reused window after window), so a
-    measured %bound can pass 2 / that figure; it is the traffic, not a cap."""
-    text = (" shm moves (7p-6)/p bytes per byte through memory (copy in, reduce and publish in one pass, "
-            "copy out)")
+    traffic stays in the last-level cache (window after window), so a measured %bound can pass
+    2 / that figure; it is the traffic, not a cap."""
+    formula, per_byte, what = _TRAFFIC[name]
+    text = f" {name} moves {formula} bytes per byte through memory ({what})"
     if not p or p < 2:
         return text + "."
-    return text + f": {(7 * p - 6) / p:.3g} at p = {p}, where 60% of the bound allows about 3.3 from memory."
+    return text + f": {per_byte(p):.3g} at p = {p}, where 60% of the bound allows about 3.3 from memory."
 
 
 def shm_and_auto_goals(records: list[dict], label: str, auto_picks: dict | None = None) -> list[str]:
@@ -84,19 +92,8 @@ def shm_and_auto_goals(records: list[dict], label: str, auto_picks: dict | None 
     of the same algorithm."""
     t = {(r["algorithm"], r["size_bytes"]): r for r in records}
     lines = []
-    big = sorted(s for (a, s) in t if a == "shm" and s >= 4 << 20 and ("mpi", s) in t)
-    if big:
-        ratios = {s: t[("shm", s)]["busbw_gbps"] / t[("mpi", s)]["busbw_gbps"] for s in big}
-        worst = min(ratios.values())
-        cells = ", ".join(f"{common.human_size(s)}: {r:.2f}" for s, r in ratios.items())
-        lines.append(f"- shm busbw / native MPI, {label}, 4 MiB and up, worst size: "
-                     + _verdict(worst, ">= 1.5x", worst >= 1.5) + f" Per size: {cells}")
-        bounds = [t[("shm", s)].get("bound_frac") for s in big]
-        if all(b is not None for b in bounds):
-            low = min(bounds)
-            lines.append(f"- shm %bound (algbw / (B_mem/(2p))), {label}, 4 MiB and up, worst size: "
-                         f"**{low:.0%}** (goal >= 60%): " + ("**met**." if low >= 0.6 else "**not met**.")
-                         + _shm_traffic(t[("shm", big[0])].get("ranks")))
+    for name in ("shm", "shm-reg"):
+        lines += _shm_goals(t, name, label)
     sizes = sorted(s for (a, s) in t if a == "auto")
     if sizes:
         worst, where = 0.0, None
@@ -116,6 +113,26 @@ def shm_and_auto_goals(records: list[dict], label: str, auto_picks: dict | None 
         lines.append(f"- auto / best single algorithm, {label}, worst size: "
                      + _verdict(worst, "<= 1.10x at every size", worst <= 1.10)
                      + (f" (at {common.human_size(where[0])}, where {where[1]} was fastest{why})" if where else ""))
+    return lines
+
+
+def _shm_goals(t: dict, name: str, label: str) -> list[str]:
+    """shm (or shm-reg) against native MPI from 4 MiB up: busbw ratio and %bound."""
+    big = sorted(s for (a, s) in t if a == name and s >= 4 << 20 and ("mpi", s) in t)
+    if not big:
+        return []
+    shown = _SHM_LABEL[name]
+    ratios = {s: t[(name, s)]["busbw_gbps"] / t[("mpi", s)]["busbw_gbps"] for s in big}
+    worst = min(ratios.values())
+    cells = ", ".join(f"{common.human_size(s)}: {r:.2f}" for s, r in ratios.items())
+    lines = [f"- {shown} busbw / native MPI, {label}, 4 MiB and up, worst size: "
+             + _verdict(worst, ">= 1.5x", worst >= 1.5) + f" Per size: {cells}"]
+    bounds = [t[(name, s)].get("bound_frac") for s in big]
+    if all(b is not None for b in bounds):
+        low = min(bounds)
+        lines.append(f"- {shown} %bound (algbw / (B_mem/(2p))), {label}, 4 MiB and up, worst size: "
+                     f"**{low:.0%}** (goal >= 60%): " + ("**met**." if low >= 0.6 else "**not met**.")
+                     + _shm_traffic(t[(name, big[0])].get("ranks"), name))
     return lines
 
 

@@ -46,11 +46,11 @@ RESULTS = ROOT / "benchmarks" / "results"   # --quick points this at a temporary
 
 SWEEPS = {  # name: (ranks, script, arguments)
     "np2": (2, "allreduce_bench.py", "-b 16 -e 64M -f 4 -n 20 -w 5 --repeats 8 --budget 0.6 -c "
-                                     "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo,horovod"),
+                                     "--algorithms ring,tree,rhd,rd,shm,shm-reg,auto,mpi,mpi4py,gloo,horovod"),
     "latency": (2, "allreduce_bench.py", "-b 8 -e 4K -f 2 -n 50 -w 10 --repeats 20 --budget 0.3 "
                                          "--algorithms rd,tree,rhd,ring,mpi,mpi4py,gloo"),
     "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 8 --budget 0.45 -c "
-                                     "--algorithms ring,tree,rhd,rd,shm,auto,mpi,mpi4py,gloo"),
+                                     "--algorithms ring,tree,rhd,rd,shm,shm-reg,auto,mpi,mpi4py,gloo"),
     "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 8 --budget 0.6 -c --cold 256 "
                                          "--algorithms ring,rhd,shm,auto,mpi"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3"),

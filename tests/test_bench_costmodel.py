@@ -114,6 +114,24 @@ def test_auto_goal_says_whether_the_worst_gap_is_the_pick():
     assert "where mpi was fastest)" in "\n".join(goals.shm_and_auto_goals(records, "-np 2"))
 
 
+def test_shm_goals_cover_both_ways_and_leave_shm_reg_out_of_autos_contest():
+    """shm and shm-reg (registered buffers) each get their busbw and %bound lines, with their own
+    traffic; auto is compared only with what it chooses among (a private buffer: not shm-reg)."""
+    def rec(algo, size, busbw, t, bound):
+        return {"algorithm": algo, "size_bytes": size, "busbw_gbps": busbw, "time_us": t,
+                "bound_frac": bound, "ranks": 4}
+    big = 16 << 20
+    records = [rec("mpi", big, 2.0, 100.0, 0.3), rec("shm", big, 2.4, 80.0, 0.4),
+               rec("shm-reg", big, 4.0, 50.0, 0.7), rec("auto", big, 2.4, 80.0, 0.4)]
+    text = "\n".join(goals.shm_and_auto_goals(records, "-np 4"))
+    assert "- shm busbw / native MPI, -np 4, 4 MiB and up, worst size: **1.20x** (goal >= 1.5x): **not met**." in text
+    assert ("- shm on registered buffers (`shared_empty`, no copy-in) busbw / native MPI, -np 4, 4 MiB and up, "
+            "worst size: **2.00x** (goal >= 1.5x): **met**.") in text
+    assert "worst size: **70%** (goal >= 60%): **met**. shm-reg moves (5p-5)/p bytes per byte" in text
+    assert "3.75 at p = 4" in text and "5.5 at p = 4" in text
+    assert "auto / best single algorithm, -np 4, worst size: **1.00x**" in text
+
+
 def test_report_training_ratios_and_goals():
     def row(n, tfops, mwms=None):
         r = {"np": n, "tfops": {"total": tfops, "conf": 1.0}}

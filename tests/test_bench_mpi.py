@@ -91,9 +91,10 @@ def test_cold_rotates_over_distinct_inputs_and_says_so(tmp_path):
     assert len(allreduce_bench.timing_inputs(16 << 10, common.dtype_from_name("float32"),
                                              allreduce_bench.parse_args([]))) == 1
     out = tmp_path / "cold.json"
-    proc = mpirun(2, BENCH, "-b", "64K", "-e", "64K", "-c", "--cold", "1", "--algorithms", "ring,shm,mpi",
+    # shm-reg keeps a registered copy of each of the 16 inputs (16 collective allocations)
+    proc = mpirun(2, BENCH, "-b", "64K", "-e", "64K", "-c", "--cold", "1", "--algorithms", "ring,shm,shm-reg,mpi",
                   "--json", str(out), *QUICK, timeout=120)
     rows = common.parse_table(proc.stdout)
-    assert {r["algorithm"] for r in rows} == {"ring", "shm", "mpi"} and all(r["wrong"] == 0 for r in rows)
+    assert {r["algorithm"] for r in rows} == {"ring", "shm", "shm-reg", "mpi"} and all(r["wrong"] == 0 for r in rows)
     assert "cold: the calls rotate over distinct inputs spanning 1 MiB" in proc.stdout
     assert json.loads(out.read_text())["cold_mib"] == 1

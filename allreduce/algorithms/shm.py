@@ -51,6 +51,11 @@ sync costs microseconds, and W = 2 MiB keeps the segment in cache (on the
 2-core development VM at -np 2, 4 and 16 MiB ran 1.3-1.6x faster than with
 W = 4 MiB); with more ranks than cores a sync can cost a scheduler time
 slice, and W = 4 MiB ran 1.2-2x faster than 2 MiB at -np 4.
+
+Registered buffers (:func:`zero_copy`): when ``buf`` itself lies in shared
+memory (``Communicator.shared_empty``), step 1 goes away: each rank reduces
+its slice straight from its peers' buffers and copies the finished slices
+out of them, (5p - 5)/p bytes per byte instead of (7p - 6)/p.
 """
 from __future__ import annotations
 
