@@ -80,18 +80,23 @@ class AutoChooser:
         which is then kept), and :meth:`pick` decides."""
         if self.tuner.busy():
             return None
-        plan = np.full(1 + autotune.CONTENDERS, -1, np.int64)
+        k = autotune.CONTENDERS
+        plan = np.full(1 + 2 * k, -1, np.int64)            # trials, k codes, k predictions (ns)
         if self.rank == 0:
             ranked = self.ranked(nbytes)
             names = autotune.contenders(ranked)
             plan[0] = autotune.trials_for(ranked[0][1])
             plan[1:1 + len(names)] = [_ALGO_CODES[name] for name in names]
+            seconds = dict(ranked)
+            plan[1 + k:1 + k + len(names)] = [int(min(t, 1e9) * 1e9) if t > 0 else 0   # 0: unknown (nan too)
+                                              for t in (seconds[name] for name in names)]
         _broadcast(self.transport, plan, 0)
-        names = [ALGORITHM_NAMES[code] for code in plan[1:].tolist() if code >= 0]
+        names = [ALGORITHM_NAMES[code] for code in plan[1:1 + k].tolist() if code >= 0]
         if len(names) < 2:
             self._keep(nbytes, names[0])
             return None
-        return self.tuner.start(nbytes, names, int(plan[0]))
+        predicted = [ns * 1e-9 for ns in plan[1 + k:1 + k + len(names)].tolist()]
+        return self.tuner.start(nbytes, names, int(plan[0]), predicted)
 
     def _keep(self, nbytes: int, name: str) -> str:
         if len(self.auto_picks) >= 4096:         # every rank clears at the same call
@@ -117,10 +122,10 @@ class AutoChooser:
         """A window of a kept pick's calls is in, on every rank at the same call: tune the size
         again if the slowest rank's mean is :data:`~allreduce.autotune.REOPEN` times off the
         score it won with, either way."""
-        mean = self.tuner.check(watch, self._agree_max)
-        if mean is not None:
-            log.info("rank %d: auto's pick %s for %d bytes moved from %.3g to %.3g s a call; tuning again",
-                     self.rank, watch.name, watch.nbytes, watch.score, mean)
+        why = self.tuner.check(watch, self._agree_max)
+        if why is not None:
+            log.info("rank %d: auto's pick %s for %d bytes %s; tuning again", self.rank, watch.name,
+                     watch.nbytes, why)
             self.auto_picks.pop(watch.nbytes, None)
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:

@@ -44,6 +44,14 @@ sizes thousands of times, so it can afford to measure, as Horovod's
   tenth of a second, once scored mpi 177 and rd 99 us, and auto ran rd at
   23 us per call for the whole sweep where mpi ran 11. The gap is counted
   in calls (the same on every rank: it comes from the agreed scores).
+* A spell can outlast the gap: a recorded -np 2 sweep timed all four
+  contenders at 1 MiB at 719-779 us, twice, where shm then ran at 71 and
+  mpi at 112. So the model's predicted time for each contender travels with
+  rank 0's plan, and while every agreed score is ``SPELL`` times its
+  prediction or more (the timing ranked nothing), the size is timed again,
+  the gap doubling, up to ``MAX_RECHECKS`` times. A wrong model only costs
+  those extra timings (seconds per size, the provisional winner running
+  meanwhile).
 * k = :func:`trials_for` the model's predicted time: timed calls per
   contender, 6 for calls of 2 ms and more, up to 96 for microsecond ones,
   so each contender is timed over about ``TRIAL_SECONDS``: on the 2-core VM
@@ -70,6 +78,14 @@ sizes thousands of times, so it can afford to measure, as Horovod's
   where it then ran 3x slower than rhd), and a trial can fall into a slow
   spell that makes every contender look alike (another kept mpi at 1 MiB,
   all four scored 591-623 us, where shm then ran at 66 us and mpi at 117).
+* A kept pick says nothing about the others: a contender that lost in a
+  slow moment of its own (shm at 16 MiB scored 7.7 ms in one trial, rhd
+  2.8, and shm then ran its row at 2.0) is never timed again while the
+  pick holds its time. So every watched size is tuned again anyway after
+  ``EXPLORE_WINDOWS`` windows, then after twice as many, ``MAX_EXPLORES``
+  times (about a minute of calls of that size in all); a trial costs a few
+  tens of milliseconds of slower contenders, so the share of calls lost to
+  it is at most about 2% of the calls' time at the first, halving each time, then nothing.
 
 The blocking path (:meth:`Communicator.allreduce_`, ``ar.allreduce``) tunes
 per size, and the engine tunes each direct batch with the same :class:`Trial`
@@ -86,7 +102,8 @@ from __future__ import annotations
 import math
 
 __all__ = ["AutoTuner", "Trial", "Watch", "contenders", "trials_for", "CONTENDERS", "WITHIN", "TRIAL_SECONDS",
-           "ROUNDS", "GAP_SECONDS", "WATCH_BYTES", "WATCH_SECONDS", "REOPEN", "MAX_REOPENS"]
+           "ROUNDS", "GAP_SECONDS", "SPELL", "MAX_RECHECKS", "WATCH_BYTES", "WATCH_SECONDS", "REOPEN", "MAX_REOPENS",
+           "EXPLORE_WINDOWS", "MAX_EXPLORES"]
 
 CONTENDERS = 4           #: at most this many algorithms are timed per size
 WITHIN = 3.0             #: only algorithms predicted at most this many times the model's best
@@ -95,10 +112,14 @@ MIN_TRIALS, MAX_TRIALS = 6, 96   #: ...within these bounds
 ROUNDS = 3               #: each contender's timed calls come in this many blocks, each after one untimed
 GAP_SECONDS = 0.5        #: between the two timings of a size, the provisional winner runs about this long
 MIN_GAP, MAX_GAP = 16, 100_000   #: ...counted in its calls, within these bounds
+SPELL = 3.0              #: a timing where every contender ran this many times the model's prediction...
+MAX_RECHECKS = 3         #: ...is followed by another (the gap doubling), up to this many timings after the first
 WATCH_BYTES = 1 << 20    #: kept picks of this size and up are watched...
 WATCH_SECONDS = 1.0      #: ...their mean agreed about this often (counted in calls, at least MIN_GAP)...
 REOPEN = 2.0             #: ...and the size tuned again once that mean is this factor off the winning score,
 MAX_REOPENS = 3          #: ...at most this many times per size
+EXPLORE_WINDOWS = 4      #: a kept pick is tuned again anyway after this many windows, then twice as many...
+MAX_EXPLORES = 4         #: ...at most this many times per size (4 + 8 + 16 + 32 windows: about a minute)
 
 
 def contenders(ranked: list[tuple[str, float]]) -> list[str]:
@@ -119,16 +140,18 @@ def trials_for(predicted_seconds: float) -> int:
 class Trial:
     """The tuning of one message size: which contender runs on the next call, and the times so far."""
 
-    __slots__ = ("nbytes", "contenders", "trials", "calls", "times", "_plan", "gap", "provisional", "rechecked")
+    __slots__ = ("nbytes", "contenders", "trials", "calls", "times", "_plan", "gap", "provisional", "rechecks",
+                 "predicted")
 
-    def __init__(self, nbytes: int, contenders: list[str], trials: int):
+    def __init__(self, nbytes: int, contenders: list[str], trials: int, predicted: list[float] | None = None):
         self.nbytes, self.contenders, self.trials = nbytes, contenders, trials
+        self.predicted = predicted   # the model's seconds per contender (the same on every rank), or None
         self.calls = 0
         self.times: list[list[list[float]]] = [[] for _ in contenders]   # per contender: its blocks
         self._plan = self._rounds()
         self.gap = 0                 # calls of the provisional winner still to run before the recheck
         self.provisional = 0
-        self.rechecked = False
+        self.rechecks = 0            # timings after the first, so far
 
     def _rounds(self) -> list[tuple[int, bool]]:
         """The timed calls in order: (contender index, timed?); a block is one untimed call, then timed ones."""
@@ -141,16 +164,25 @@ class Trial:
             return self.contenders[self.provisional]
         return self.contenders[self._plan[self.calls][0]]
 
-    def recheck(self, slowest: list[float]) -> bool:
-        """After the first rounds' agreement (``slowest``: every rank's maximum of the scores): run
-        the provisional winner for about ``GAP_SECONDS``, then the rounds again; True. After the
-        second rounds: False, the trial is over."""
-        if self.rechecked:
+    def in_spell(self, slowest: list[float]) -> bool:
+        """Every contender's agreed score is ``SPELL`` times the model's prediction or more: the
+        timings fell in a slow spell of the machine, which ranks nothing (False without a model)."""
+        if not self.predicted or len(self.predicted) != len(slowest):
             return False
-        self.rechecked = True
+        return all(p > 0 and t > SPELL * p for t, p in zip(slowest, self.predicted))
+
+    def recheck(self, slowest: list[float]) -> bool:
+        """After a timing's agreement (``slowest``: every rank's maximum of the scores): run the
+        provisional winner for a gap, then the rounds again, and return True; or return False,
+        the trial is over. After the first timing always (gap ``GAP_SECONDS``); after a later
+        one only while :meth:`in_spell`, up to ``MAX_RECHECKS``, the gap doubling each time."""
+        if self.rechecks >= MAX_RECHECKS or (self.rechecks and not self.in_spell(slowest)):
+            return False
+        self.rechecks += 1
         self.provisional = min(range(len(slowest)), key=slowest.__getitem__)
         per_call = slowest[self.provisional]
-        self.gap = MAX_GAP if not per_call > 0 else max(MIN_GAP, min(MAX_GAP, math.ceil(GAP_SECONDS / per_call)))
+        seconds = GAP_SECONDS * 2 ** (self.rechecks - 1)
+        self.gap = MAX_GAP if not per_call > 0 else max(MIN_GAP, min(MAX_GAP, math.ceil(seconds / per_call)))
         self._plan += self._rounds()
         return True
 
@@ -180,12 +212,14 @@ class Trial:
 class Watch:
     """A kept pick's running time: ``record`` each call; True once a window of ``every`` calls is in."""
 
-    __slots__ = ("nbytes", "name", "score", "every", "calls", "total")
+    __slots__ = ("nbytes", "name", "score", "every", "calls", "total", "windows", "explore_after")
 
-    def __init__(self, nbytes: int, name: str, score: float):
+    def __init__(self, nbytes: int, name: str, score: float, explore_after: int = 0):
         self.nbytes, self.name, self.score = nbytes, name, score
         self.every = MAX_GAP if not score > 0 else max(MIN_GAP, min(MAX_GAP, math.ceil(WATCH_SECONDS / score)))
         self.calls, self.total = 0, 0.0
+        self.windows = 0                    # windows checked so far
+        self.explore_after = explore_after  # tune again after this many windows anyway (0: never)
 
     def record(self, seconds: float) -> bool:
         self.calls += 1
@@ -214,15 +248,17 @@ class AutoTuner:
         self.watches: dict[int, Watch] = {}  # nbytes -> the kept pick's running time (large sizes)
         self.reopened = 0                   # sizes tuned again because their pick's time moved
         self.reopens: dict[int, int] = {}   # nbytes -> times tuned again (at most MAX_REOPENS)
+        self.explores: dict[int, int] = {}  # nbytes -> times tuned again unasked (at most MAX_EXPLORES)
         self.decided: dict[int, dict[str, float]] = {}   # nbytes -> {contender: agreed score, seconds}
 
     def busy(self) -> bool:
         """Too many sizes in flight to start another."""
         return len(self.trials) >= self.max_sizes
 
-    def start(self, nbytes: int, names: list[str], trials: int) -> Trial:
-        """Begin timing ``names`` (the agreed contenders, two or more) at ``nbytes``."""
-        trial = self.trials[nbytes] = Trial(nbytes, names, trials)
+    def start(self, nbytes: int, names: list[str], trials: int, predicted: list[float] | None = None) -> Trial:
+        """Begin timing ``names`` (the agreed contenders, two or more) at ``nbytes``; ``predicted``:
+        the model's seconds for each (agreed too), for :meth:`Trial.in_spell`."""
+        trial = self.trials[nbytes] = Trial(nbytes, names, trials, predicted)
         return trial
 
     def decide(self, trial: Trial, slowest: list[float], *, watch: bool | None = None) -> str:
@@ -236,8 +272,10 @@ class AutoTuner:
         name = trial.winner(slowest)
         if watch is None:
             watch = trial.nbytes >= WATCH_BYTES
-        if watch and self.reopens.get(trial.nbytes, 0) < MAX_REOPENS:
-            self.watches[trial.nbytes] = Watch(trial.nbytes, name, min(slowest))
+        explored = self.explores.get(trial.nbytes, 0)
+        explore_after = EXPLORE_WINDOWS * 2 ** explored if explored < MAX_EXPLORES else 0
+        if watch and (self.reopens.get(trial.nbytes, 0) < MAX_REOPENS or explore_after):
+            self.watches[trial.nbytes] = Watch(trial.nbytes, name, min(slowest), explore_after)
         return name
 
     def finish_round(self, trial: Trial, agree, *, watch: bool | None = None) -> str | None:
@@ -249,19 +287,28 @@ class AutoTuner:
             return None
         return self.decide(trial, slowest, watch=watch)
 
-    def check(self, watch: Watch, agree) -> float | None:
+    def check(self, watch: Watch, agree) -> str | None:
         """A window of ``watch``'s calls is in on every rank: agree on its mean (``agree`` as for
-        :meth:`finish_round`); if it is stale, forget the decision (:meth:`reopen`) and return
-        the agreed mean, else None."""
+        :meth:`finish_round`). Forget the decision (:meth:`reopen`) and say why if the mean is
+        stale ("moved from S to M s a call"), or if the watch has seen its ``explore_after``
+        windows ("kept for N windows": nothing else is timed while a pick is kept, and a
+        contender that lost in a slow moment of its own may be the fastest now); else None."""
         mean = agree([watch.mean()])[0]
-        if not watch.stale(mean):
-            return None
-        self.reopen(watch.nbytes)
-        return mean
+        n = watch.nbytes
+        if watch.stale(mean) and self.reopens.get(n, 0) < MAX_REOPENS:
+            self.reopen(n)
+            return f"moved from {watch.score:.3g} to {mean:.3g} s a call"
+        watch.windows += 1
+        if watch.explore_after and watch.windows >= watch.explore_after:
+            self.reopen(n, explore=True)
+            return f"kept for {watch.windows} windows of {watch.every} calls"
+        return None
 
-    def reopen(self, nbytes: int) -> None:
-        """Forget the decision for ``nbytes``: its next call starts a new trial."""
+    def reopen(self, nbytes: int, explore: bool = False) -> None:
+        """Forget the decision for ``nbytes``: its next call starts a new trial. Counted as a
+        reopen (its time moved), or with ``explore`` as an exploration."""
         self.watches.pop(nbytes, None)
         self.decided.pop(nbytes, None)
-        self.reopens[nbytes] = self.reopens.get(nbytes, 0) + 1
+        counts = self.explores if explore else self.reopens
+        counts[nbytes] = counts.get(nbytes, 0) + 1
         self.reopened += 1

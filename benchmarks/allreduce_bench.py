@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
+from allreduce import autotune  # noqa: E402
 from benchmarks import checks, common, membw  # noqa: E402
 from benchmarks.peers import Context, Unavailable, make_runner  # noqa: E402
 
@@ -105,9 +106,10 @@ def measure_check_cost(mpi, iters: int = 50) -> float:
         checked.close()
 
 
-# Warm-up calls at most while auto's tuner times its contenders: two timings of ~100-300 calls,
-# and between them its provisional winner for about autotune.GAP_SECONDS (at most MAX_GAP calls).
-MAX_SETTLE = 2000 + 100_000
+# Warm-up calls at most while auto's tuner times its contenders: timings of ~100-300 calls (two, and
+# up to autotune.MAX_RECHECKS more in a slow spell), and between them its provisional winner for
+# a gap (at most autotune.MAX_GAP calls each).
+MAX_SETTLE = (1 + autotune.MAX_RECHECKS) * 2000 + autotune.MAX_RECHECKS * autotune.MAX_GAP
 FILL = 50   # --budget lets a row of microsecond calls run up to this many times -n (OSU: 10000 small, 1000 large)
 
 

@@ -135,7 +135,60 @@ def test_a_kept_large_pick_is_watched_and_reopened_once_its_time_moves_twofold()
         assert tuner.reopened == k
         again = tuner.start(autotune.WATCH_BYTES, ["shm", "rhd"], 3)
         tuner.decide(again, [1e-3, 2e-3])
-        assert (autotune.WATCH_BYTES in tuner.watches) == (k < autotune.MAX_REOPENS)   # then kept for good
+    # reopens spent: a window twice as slow no longer reopens it (its explorations still come)
+    watch = tuner.watches[autotune.WATCH_BYTES]
+    assert tuner.check(watch, lambda v: [5e-3]) is None and autotune.WATCH_BYTES in tuner.decided
+
+
+def test_a_watched_pick_is_explored_after_doubling_windows_a_few_times_then_kept():
+    tuner, n = AutoTuner(), autotune.WATCH_BYTES
+    same = lambda values: values                          # one rank: the agreed mean is its own
+    windows = []
+    for k in range(autotune.MAX_EXPLORES):
+        tuner.decide(tuner.start(n, ["shm", "rhd"], 3), [1e-3, 2e-3])
+        watch, checks = tuner.watches[n], 0
+        assert watch.explore_after == autotune.EXPLORE_WINDOWS * 2 ** k
+        why = None
+        while why is None:
+            for _ in range(watch.every):
+                watch.record(1e-3)                          # its time holds: never stale
+            why, checks = tuner.check(watch, same), checks + 1
+        windows.append(checks)
+        assert why.startswith(f"kept for {checks} windows") and n not in tuner.decided
+        assert tuner.explores[n] == k + 1 and tuner.reopens.get(n, 0) == 0
+    assert windows == [4, 8, 16, 32]
+    tuner.decide(tuner.start(n, ["shm", "rhd"], 3), [1e-3, 2e-3])
+    assert tuner.watches[n].explore_after == 0            # explorations spent: drift alone reopens it
+    watch = tuner.watches[n]
+    assert tuner.check(watch, lambda v: [3e-3]).startswith("moved from 0.001 to 0.003")
+
+
+def test_a_timing_in_a_slow_spell_is_repeated_with_a_doubling_gap():
+    """Every contender at 3x its predicted time or more: the timing ranked nothing, time it again;
+    the scores are the best block of every timing, so the first fast timing decides."""
+    trial = Trial(1 << 20, ["shm", "mpi"], trials=3, predicted=[70e-6, 110e-6])
+    spell = [750e-6, 720e-6]
+    assert trial.in_spell(spell) and not trial.in_spell([200e-6, 720e-6])
+    gaps = []
+    for timing in range(1 + autotune.MAX_RECHECKS):
+        while not trial.record(750e-6 if trial.current() == "shm" else 720e-6):
+            pass
+        slowest = trial.scores()
+        assert slowest == pytest.approx(spell)
+        if not trial.recheck(slowest):
+            break
+        gaps.append(trial.gap)
+        while trial.gap:
+            trial.record(1.0)
+    assert gaps == [round(autotune.GAP_SECONDS * 2 ** k / 720e-6 + 0.5) for k in range(autotune.MAX_RECHECKS)]
+    assert trial.rechecks == autotune.MAX_RECHECKS          # at most this many: then it decides anyway
+    calm = Trial(1 << 20, ["shm", "mpi"], trials=3, predicted=[70e-6, 110e-6])
+    _run_out(calm)
+    assert calm.recheck([750e-6, 720e-6])                    # the first recheck comes anyway
+    assert not calm.recheck([71e-6, 112e-6])                 # out of the spell: decided
+    blind = Trial(1 << 20, ["shm", "mpi"], trials=3)         # no model: one recheck, as before
+    _run_out(blind)
+    assert blind.recheck([750e-6, 720e-6]) and not blind.recheck([750e-6, 720e-6])
 
 
 @pytest.mark.mpi
