@@ -52,7 +52,7 @@ SWEEPS = {  # name: (ranks, script, arguments)
     "np4": (4, "allreduce_bench.py", "-b 16 -e 16M -f 16 -n 10 -w 3 --repeats 8 --budget 0.45 -c "
                                      "--algorithms ring,tree,rhd,rd,shm,shm-reg,auto,mpi,mpi4py,gloo"),
     "np2cold": (2, "allreduce_bench.py", "-b 1M -e 64M -f 4 -n 10 -w 2 --repeats 8 --budget 0.6 -c --cold 256 "
-                                         "--algorithms ring,rhd,shm,auto,mpi"),
+                                         "--algorithms ring,rhd,shm,shm-reg,auto,mpi"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3"),
     "engine_tcp": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3 --modes fusion,compression"),
 }

@@ -16,8 +16,8 @@ import numpy as np
 import allreduce as ar
 from allreduce.algorithms import shm
 from allreduce.buffers import Workspace
-from allreduce.kernels.reference import allreduce_reference
 from allreduce.transport import shared
+from rank_checks import check_result
 
 iters = int(sys.argv[1])
 ar.init(check=False)
@@ -41,16 +41,7 @@ for it in range(iters):
         shm.allreduce(comm.transport, buf, op, workspace=Workspace(), slot_bytes=1024)
     else:
         ar.allreduce_(buf, op=op, algorithm="shm")
-    want = allreduce_reference(xs, op)
-    if dtype.kind == "f" and op == ar.Average:
-        ok = np.allclose(buf.astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
-    else:
-        ok = buf.tobytes() == want.tobytes()
-    if not ok:
-        bad = np.flatnonzero(buf != want)[:5]
-        print(f"rank {me} iteration {it}: count={count} {dtype} {op!r} wrong at {bad}: "
-              f"{buf[bad]} != {want[bad]}", flush=True)
-        comm.transport.comm.Abort(1)
+    check_result(buf, xs, op, me, f"iteration {it}: count={count}", comm.transport.comm.Abort)
 blobs = comm.transport.comm.allgather(buf.tobytes())
 assert all(b == blobs[0] for b in blobs), "last result differs across ranks"
 print(f"rank {me}: {iters} registered allreduces OK", flush=True)

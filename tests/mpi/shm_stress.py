@@ -16,9 +16,9 @@ from mpi4py import MPI
 
 from allreduce.algorithms import hierarchical, shm
 from allreduce.buffers import Workspace
-from allreduce.kernels.reference import allreduce_reference
 from allreduce.ops import Op
 from allreduce.transport.mpi import MPITransport
+from rank_checks import check_result
 
 algo, iters, slot = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 node_size = int(sys.argv[4]) if len(sys.argv) > 4 else 0
@@ -39,16 +39,7 @@ for it in range(iters):
     xs = [rng.integers(-hi, hi, count).astype(dtype) for _ in range(p)]
     buf = xs[me].copy()
     run(comm, buf, op, workspace=workspace, segment_bytes=1 << 12)
-    want = allreduce_reference(xs, op)
-    if dtype.kind == "f" and op == Op.AVERAGE:
-        ok = np.allclose(buf.astype(np.float64), want.astype(np.float64), rtol=1e-2, atol=1e-2)
-    else:
-        ok = buf.tobytes() == want.tobytes()
-    if not ok:
-        bad = np.flatnonzero(buf != want)[:5]
-        print(f"rank {me} iteration {it}: {algo} count={count} {dtype} {op!r} wrong at {bad}: "
-              f"{buf[bad]} != {want[bad]}", flush=True)
-        MPI.COMM_WORLD.Abort(1)
+    check_result(buf, xs, op, me, f"iteration {it}: {algo} count={count}", MPI.COMM_WORLD.Abort)
 blobs = MPI.COMM_WORLD.allgather(buf.tobytes())
 assert all(b == blobs[0] for b in blobs), "last result differs across ranks"
 print(f"rank {me}: {iters} {algo} allreduces OK", flush=True)
