@@ -192,9 +192,11 @@ class Communicator(AutoChooser):
         into a shared segment, about a third of shm's memory traffic, is skipped. This is
         buffer registration, as in NCCL's ``ncclMemAlloc`` or PyTorch's symmetric memory.
 
-        Every rank calls it, in the same order, with the same shape and dtype. The memory lives
-        as long as the communicator. On ranks that span several nodes, where no memory is shared,
-        it returns an ordinary array.
+        Every rank calls it, in the same order, with the same shape and dtype. Each call maps a
+        new shared window, freed only when MPI finalizes at the process's exit (as shm's own
+        segment), so allocate once and reuse. On ranks that span several nodes, where no memory
+        is shared, it returns an ordinary array. ``auto`` keeps its pick per size, whatever the
+        memory: pass ``algorithm="shm"`` for the in-place path.
         """
         dtype = np.dtype(dtype)
         check_dtype(dtype, Op.SUM)
