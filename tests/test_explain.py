@@ -194,6 +194,17 @@ def test_every_kind_of_reduction_is_counted():
     assert totals(explain("shm", 3, 6)) == [(0, 0, 32)] * 3      # (p-1) reductions of n/p = 16 bytes
 
 
+@pytest.mark.parametrize("p, count", [(2, 4), (3, 6), (4, 3), (5, 11)])
+def test_shm_on_a_registered_buffer_reduces_in_place_with_no_copy_in(p, count):
+    """shm-reg: each rank's buffer lives in shared memory, so the steps are ready, reduce (my chunk
+    from every peer's buffer, straight into mine), copy-out, done; the same reductions as shm."""
+    trace = explain("shm-reg", p, count)
+    assert [phase for phase, _ in trace.steps] == ["ready", "reduce", "copy-out", "done"]
+    assert totals(trace) == totals(explain("shm", p, count))
+    text = render(trace)
+    assert "ERROR" not in text and "no messages" in text
+
+
 def _double_counting(comm, buf, op, *, workspace, segment_bytes):
     """A broken allreduce: everyone sends to everyone, and rank 0 adds its own buffer twice."""
     p, rank = comm.size, comm.rank

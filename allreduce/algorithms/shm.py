@@ -179,14 +179,15 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     if src is None:
         registered = shared.find(comm, buf)
         if registered is not None and registered[1] % buf.dtype.itemsize == 0:
-            zero_copy(registered[0], buf, registered[1] // buf.dtype.itemsize, op, slot_bytes)
+            zero_copy(comm, registered[0], buf, registered[1] // buf.dtype.itemsize, op, slot_bytes)
             return
     _stream(comm, buf, src, op, slot_bytes)
 
 
-def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
+def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
               slot_bytes: int | None = None) -> None:
-    """Reduce ``buf`` in place where it lies: element ``offset`` of this rank's region of ``seg``.
+    """Reduce ``buf`` in place where it lies: element ``offset`` of this rank's region of ``seg``
+    (``comm`` only hears the steps' marks: ``allreduce-explain shm-reg`` prints them).
 
     Every rank's buffer is already in shared memory, so there is no copy-in::
 
@@ -213,6 +214,7 @@ def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
         return
     tag = (offset, count, dtype_code(buf.dtype) * 64 + int(op))
     seg.set_tag(*tag)
+    comm.mark("ready", 0)
     ready = seg.post()
     for i in range(1, p):                                   # every rank checks every peer: all raise
         peer = (me + i) % p
@@ -228,11 +230,12 @@ def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
     peers = [seg.data(peer, buf.dtype, count, offset) for peer in range(p)]
     slot_bytes = shared.window_bytes(p) if slot_bytes is None else slot_bytes
     per = p * (slot_bytes // buf.itemsize)                  # elements per window (windows() checks > 0)
-    for start in windows(count, buf.itemsize, p * slot_bytes):
+    for k, start in enumerate(windows(count, buf.itemsize, p * slot_bytes)):
         window = buf[start:start + per]
         slices = [(start + off, n) for off, n in partition.chunks(window.size, p)]
         off, n = slices[me]
         mine = buf[off:off + n]
+        comm.mark("reduce", k)
         for i in range(1, p):
             theirs = peers[(me + i) % p][off:off + n]
             if i < p - 1:
@@ -240,11 +243,13 @@ def zero_copy(seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
             else:
                 kernels.reduce_finish_into(mine, theirs, op, p)
         final = seg.post()
+        comm.mark("copy-out", k)
         for i in range(1, p):
             peer = (me + i) % p
             seg.wait(peer, final)
             off, n = slices[peer]
             kernels.copy_into(buf[off:off + n], peers[peer][off:off + n])
+    comm.mark("done", 0)
     done = seg.post()
     for i in range(1, p):
         seg.wait((me + i) % p, done)

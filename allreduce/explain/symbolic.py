@@ -29,14 +29,18 @@ import numpy as np
 from .. import algorithms, partition
 from ..buffers import Workspace
 from ..ops import Op
+from ..transport import shared
 from ..transport.threads import ThreadWorld, run_threads
 from .recorder import START, Message, Recording, RecordingTransport, patch_kernels
 
 __all__ = ["COLLECTIVES", "MAX_RANKS", "Trace", "explain", "letters", "Unavailable"]
 
 MAX_RANKS = 26          # one letter per rank
+#: shm on a registered buffer (``Communicator.shared_empty``): each rank's buffer lives in shared memory
+REGISTERED = "shm-reg"
+
 COLLECTIVES = {         # collective -> the algorithms it accepts (allreduce: every registered one)
-    "allreduce": algorithms.NAMES,
+    "allreduce": algorithms.NAMES + (REGISTERED,),
     "broadcast": ("binomial", "scatter-allgather"),
     "allgather": ("ring",),
     "reducescatter": ("ring",),
@@ -109,7 +113,7 @@ def _load(collective: str, algorithm) -> Callable:
             raise Unavailable("'mpi' calls the MPI library's own MPI_Allreduce, whose messages are not "
                               "visible to Python; run it under mpirun instead")
         try:
-            fn = algorithms.get(algorithm)
+            fn = algorithms.get("shm" if algorithm == REGISTERED else algorithm)
         except ModuleNotFoundError as exc:
             raise Unavailable(f"algorithm {algorithm!r} is not available in this checkout ({exc})") from None
         return lambda comm, buf, extra, sb: fn(comm, buf, Op.SUM, workspace=Workspace(), segment_bytes=sb)
@@ -151,14 +155,19 @@ def _record(collective: str, algorithm, p: int, count: int, segment_bytes: int,
     starts: list[np.ndarray] = [None] * p  # type: ignore[list-item]
     module = None
     if collective == "allreduce":
-        fn = algorithm if callable(algorithm) else algorithms.get(algorithm)
+        fn = algorithm if callable(algorithm) else algorithms.get("shm" if algorithm == REGISTERED else algorithm)
         module = sys.modules.get(fn.__module__)
 
     def rank_main(inner):
         buf, extra, expected = _inputs(collective, p, count, inner.rank, value)
+        transport = RecordingTransport(inner, rec)
+        if algorithm == REGISTERED:             # the buffer itself in shared memory: shm reads it in place
+            seg = shared.allocate(transport, buf.nbytes)
+            registered = seg.data(inner.rank, buf.dtype, buf.size)
+            registered[:] = buf
+            buf = registered
         rec.track(inner.rank, buf=buf)
         starts[inner.rank] = buf.copy()
-        transport = RecordingTransport(inner, rec)
         if node_size:                           # hierarchical: pretend nodes of node_size ranks
             transport.fake_node_size = node_size
         body(transport, buf, extra, segment_bytes)
