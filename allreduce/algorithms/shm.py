@@ -64,7 +64,7 @@ import numpy as np
 from .. import kernels, partition
 from ..buffers import Pieces, Workspace, parts
 from ..errors import MismatchError
-from ..ops import Average, Op, Sum, dtype_code
+from ..ops import Average, Op, Sum, dtype_code, dtype_from_code
 from ..transport import shared
 from ..transport.base import Transport
 
@@ -219,9 +219,9 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
     for i in range(1, p):                                   # every rank checks every peer: all raise
         peer = (me + i) % p
         seg.wait(peer, ready)
-        if seg.tag(peer) != tag:
+        theirs = seg.tag(peer)
+        if theirs != tag:
             seg.broken = f"registered buffers differ between rank {me} and rank {peer}"
-            theirs = seg.tag(peer)
             raise MismatchError(
                 f"rank {me}: allreduce on registered buffers that differ across ranks: rank {me} "
                 f"reduces {count} elements at element {offset} ({_describe(tag)}), rank {peer} "
@@ -256,7 +256,6 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
 
 
 def _describe(tag: tuple[int, ...]) -> str:
-    from ..ops import dtype_from_code
     code, op = divmod(tag[2], 64)
     try:
         return f"{dtype_from_code(code).name}, {Op(op)!r}"

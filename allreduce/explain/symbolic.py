@@ -39,6 +39,11 @@ MAX_RANKS = 26          # one letter per rank
 #: shm on a registered buffer (``Communicator.shared_empty``): each rank's buffer lives in shared memory
 REGISTERED = "shm-reg"
 
+def _allreduce_function(name: str) -> Callable:
+    """The allreduce function behind ``name`` (``shm-reg`` is ``shm``, given registered buffers)."""
+    return algorithms.get("shm" if name == REGISTERED else name)
+
+
 COLLECTIVES = {         # collective -> the algorithms it accepts (allreduce: every registered one)
     "allreduce": algorithms.NAMES + (REGISTERED,),
     "broadcast": ("binomial", "scatter-allgather"),
@@ -113,7 +118,7 @@ def _load(collective: str, algorithm) -> Callable:
             raise Unavailable("'mpi' calls the MPI library's own MPI_Allreduce, whose messages are not "
                               "visible to Python; run it under mpirun instead")
         try:
-            fn = algorithms.get("shm" if algorithm == REGISTERED else algorithm)
+            fn = _allreduce_function(algorithm)
         except ModuleNotFoundError as exc:
             raise Unavailable(f"algorithm {algorithm!r} is not available in this checkout ({exc})") from None
         return lambda comm, buf, extra, sb: fn(comm, buf, Op.SUM, workspace=Workspace(), segment_bytes=sb)
@@ -155,7 +160,7 @@ def _record(collective: str, algorithm, p: int, count: int, segment_bytes: int,
     starts: list[np.ndarray] = [None] * p  # type: ignore[list-item]
     module = None
     if collective == "allreduce":
-        fn = algorithm if callable(algorithm) else algorithms.get("shm" if algorithm == REGISTERED else algorithm)
+        fn = algorithm if callable(algorithm) else _allreduce_function(algorithm)
         module = sys.modules.get(fn.__module__)
 
     def rank_main(inner):

@@ -94,7 +94,7 @@ class SharedSegment:
         self.seq = int(flags[rank][0])   # resume where a previous handle of this rank stopped
         self.broken: str | None = None
         # More ranks than cores: the peer we wait for needs our core, so stop polling sooner.
-        self._yields = _YIELDS if size <= (os.cpu_count() or 1) else _SPINS + 20
+        self._yields = _YIELDS if size <= _CORES else _SPINS + 20
 
     def next_round(self) -> int:
         """Count one more round of the algorithm; returns 0 or 1 alternately (which half to use).
@@ -291,7 +291,8 @@ def allocate(comm, nbytes: int) -> SharedSegment:
     """A new segment of ``nbytes`` per rank for the caller's own data (a registered buffer).
 
     Collective: every rank of ``comm`` calls it, in the same order, with the same ``nbytes``.
-    The segment lives as long as ``comm``; :func:`find` knows it from then on.
+    Like :func:`attach`'s segments it is freed only when MPI finalizes; :func:`find` knows it
+    from now on.
 
     Raises:
         ValueError: as :func:`attach`.
