@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 
+from allreduce.algorithms import shm
 from benchmarks import common
 
 BW_SIZE = 64 << 20          # the size of the bandwidth goal
@@ -65,11 +66,9 @@ def _verdict(x: float | None, goal: str, met: bool) -> str:
 OURS = ("ring", "tree", "rhd", "rd", "shm", "mpi")    # what auto chooses among (mpi: native, on MPI)
 
 
-#: shm's two ways: bytes moved per byte at p ranks, and what moves them.
-_TRAFFIC = {"shm": ("(7p-6)/p", lambda p: (7 * p - 6) / p,
-                    "copy in, reduce and publish in one pass, copy out"),
-            "shm-reg": ("(5p-5)/p", lambda p: (5 * p - 5) / p,
-                        "no copy in: reduce from the peers' registered buffers, copy out")}
+#: shm's two ways: bytes moved per byte at p ranks (allreduce.algorithms.shm.traffic), and what moves them.
+_TRAFFIC = {"shm": (False, "copy in, reduce three peers per pass and publish in the same pass, copy out"),
+            "shm-reg": (True, "no copy in: reduce three peers per pass from the peers' registered buffers, copy out")}
 _SHM_LABEL = {"shm": "shm", "shm-reg": "shm on registered buffers (`shared_empty`, no copy-in)"}
 
 
@@ -78,11 +77,12 @@ def _shm_traffic(p: int | None, name: str = "shm") -> str:
     (the bound B_mem/(2p) counts 2 bytes per byte for each rank's share of B_mem). Part of shm's
     traffic stays in the last-level cache (window after window), so a measured %bound can pass
     2 / that figure; it is the traffic, not a cap."""
-    formula, per_byte, what = _TRAFFIC[name]
-    text = f" {name} moves {formula} bytes per byte through memory ({what})"
+    registered, what = _TRAFFIC[name]
+    call = "shm.traffic(p, registered=True)" if registered else "shm.traffic(p)"
+    text = f" {name} moves `{call}` bytes per byte through memory ({what})"
     if not p or p < 2:
         return text + "."
-    return text + f": {per_byte(p):.3g} at p = {p}, where 60% of the bound allows about 3.3 from memory."
+    return text + f": {shm.traffic(p, registered):.3g} at p = {p}, where 60% of the bound allows about 3.3 from memory."
 
 
 def shm_and_auto_goals(records: list[dict], label: str, auto_picks: dict | None = None) -> list[str]:

@@ -192,6 +192,9 @@ def test_every_kind_of_reduction_is_counted():
     once (reduce_finish_into_both): each is one reduction of n/p (shm) or n (rd) bytes."""
     assert totals(explain("rd", 2, 4)) == [(1, 32, 32)] * 2
     assert totals(explain("shm", 3, 6)) == [(0, 0, 32)] * 3      # (p-1) reductions of n/p = 16 bytes
+    # at p = 4 one reduce_many_into call adds three peers at once: three reductions of n/p
+    assert totals(explain("shm", 4, 8)) == [(0, 0, 48)] * 4
+    assert totals(explain("shm-reg", 4, 8)) == [(0, 0, 48)] * 4
 
 
 @pytest.mark.parametrize("p, count", [(2, 4), (3, 6), (4, 3), (5, 11)])

@@ -219,3 +219,53 @@ def test_reduce_finish_split_into_keeps_each_pieces_operand_order(op, dtype, lo,
 def test_reduce_finish_split_into_declines_the_16_bit_formats():
     x = np.ones(4, np.float16)
     assert not kernels.reduce_finish_split_into(x, x.copy(), 0, 2, Op.SUM, 2)
+
+
+def _pairwise_many(dst, srcs, op, nranks):
+    """The reference for reduce_many_into: one pairwise call per source, the last finishing."""
+    if op == Op.AVERAGE and nranks == 0:
+        op = Op.SUM
+    if not srcs:
+        kernels.finish(dst, op, max(nranks, 1))
+    for i, src in enumerate(srcs):
+        if i < len(srcs) - 1:
+            kernels.reduce_into(dst, src, op)
+        else:
+            kernels.reduce_finish_into(dst, src, op, max(nranks, 1))
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(Op), ids=repr)
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 6, 7])
+def test_reduce_many_into_gives_the_bits_of_pairwise_calls(dtype, op, k):
+    """shm's reduce step: k peers' copies in one call (three per pass for native dtypes), exactly
+    what k pairwise calls in the same order give, with and without a second output."""
+    rng = np.random.default_rng(k)
+    a, b = _inputs(dtype, n=3000, seed=k)
+    pool = [a, b, a[::-1].copy(), b[::-1].copy(), np.roll(a, 7), np.roll(b, 11), np.roll(a, 13), np.roll(b, 5)]
+    for nranks in (0, k + 1):
+        dst0 = pool[k].copy()
+        rng.shuffle(dst0)
+        srcs = [pool[j] for j in range(k)]
+        want = dst0.copy()
+        with np.errstate(all="ignore"):
+            _pairwise_many(want, srcs, op, nranks)
+            got, out = dst0.copy(), np.zeros_like(dst0)
+            kernels.reduce_many_into(got, srcs, op, nranks, out=out)
+            alone = dst0.copy()
+            kernels.reduce_many_into(alone, srcs, op, nranks)
+        assert _same(got, want) and _same(out, want) and _same(alone, want)
+    empty = np.empty(0, dtype)
+    kernels.reduce_many_into(empty, [empty] * k, op, 2, out=empty)
+
+
+def test_reduce_many_into_int64_sums_stay_exact():
+    """Integer sums run in int64 and are never rounded through float64 (values past 2**53)."""
+    big = np.array([2**62 + 1, -(2**62) - 3, 2**53 + 1], np.int64)
+    dst = big.copy()
+    kernels.reduce_many_into(dst, [big, big, big], Op.SUM, 0)
+    np.testing.assert_array_equal(dst, big * 4)
+    dst = big.copy()
+    kernels.reduce_many_into(dst, [big, big, big], Op.AVERAGE, 4)
+    want = big * 4
+    np.testing.assert_array_equal(dst, np.where(want >= 0, np.abs(want) // 4, -(np.abs(want) // 4)))

@@ -37,6 +37,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..transport import shared
+from . import shm
 
 __all__ = ["choose", "ranked", "predict", "terms", "constants", "measured_times", "source", "DEFAULTS", "default_path",
            "BUILTIN"]
@@ -105,9 +106,9 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
     if algorithm == "mpi":
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "shm":
-        # Two flag hand-offs per window; each rank reads and writes (7p-6)/p bytes per byte of input.
+        # Two flag hand-offs per window; each rank reads and writes shm.traffic(p) bytes per byte.
         windows = max(1, math.ceil((nbytes or 0) / shared.window_bytes(p)))
-        return 2 * windows, 0.0, (7 * p - 6) / p
+        return 2 * windows, 0.0, shm.traffic(p)
     raise ValueError(f"no cost model for algorithm {algorithm!r}")
 
 

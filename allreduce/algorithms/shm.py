@@ -37,10 +37,15 @@ always in the same order, so every rank gets the same bits.
 Cost (n bytes, p ranks, W = slot_bytes, B = memory bandwidth, sync = one
 flag hand-off: microseconds, a scheduler time slice when oversubscribed):
 
-    T = 2 ceil(n/W) sync  +  (7p - 6)/p * n / B
-        (copy-in 2(p-1)/p n, reduce 3(p-1)/p n, publish 1/p n (written by the last
-         reduction: a separate copy would read the slice again, 2/p n), copy-out
-         2(p-1)/p n bytes moved)
+    T = 2 ceil(n/W) sync  +  traffic(p) * n / B
+    traffic(p) = 2(p-1)/p    copy-in
+               + (p-1+2m)/p  reduce: m passes over my slice, each reading it and writing it
+                             once, with up to three peers' copies per pass (m = 1 at p = 2
+                             and 4; pairwise passes would make it 3(p-1)/p)
+               + 1/p         publish (written by the last pass: a separate copy would read
+                             the slice again, 2/p)
+               + 2(p-1)/p    copy-out
+      = 4 at p = 2, 4.5 at p = 4 (bytes moved per byte of input: :func:`traffic`)
 
 No message latency (alpha) and no message copies: MPI's point-to-point
 algorithms copy each message into a shared buffer and out again. The
@@ -55,7 +60,7 @@ slice, and W = 4 MiB ran 1.2-2x faster than 2 MiB at -np 4.
 Registered buffers (:func:`zero_copy`): when ``buf`` itself lies in shared
 memory (``Communicator.shared_empty``), step 1 goes away: each rank reduces
 its slice straight from its peers' buffers and copies the finished slices
-out of them, (5p - 5)/p bytes per byte instead of (7p - 6)/p.
+out of them: ``traffic(p, registered=True)`` bytes per byte, 2.5 at p = 2 and 2.75 at p = 4.
 """
 from __future__ import annotations
 
@@ -68,12 +73,24 @@ from ..ops import Average, Op, Sum, dtype_code, dtype_from_code
 from ..transport import shared
 from ..transport.base import Transport
 
-__all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
+__all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "traffic", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
            "windows", "zero_copy"]
 
 #: The window per rank when a node runs more ranks than cores (milliseconds of work per sync);
 #: with a core per rank the default is smaller: see :func:`allreduce.transport.shared.window_bytes`.
 SLOT_BYTES = shared.WINDOW_BYTES_OVERSUBSCRIBED
+
+
+def traffic(p: int, registered: bool = False) -> float:
+    """Bytes each rank reads and writes per byte of input at ``p`` ranks (the cost model's gamma
+    term, and the benchmark's %bound note): copy-in (not on a registered buffer), reduce in
+    m = (p-1)//3 + (p-1)%3 passes (:func:`~allreduce.kernels.reduce_many_into`), publish (not on
+    a registered buffer: the peers read my slice where it lies), copy-out."""
+    if p < 2:
+        return 0.0
+    passes = (p - 1) // 3 + (p - 1) % 3
+    reduce, copy = (p - 1 + 2 * passes) / p, 2 * (p - 1) / p
+    return reduce + copy if registered else copy + reduce + 1 / p + copy
 
 
 def attach(comm: Transport, slot_bytes: int) -> shared.SharedSegment:
@@ -106,30 +123,21 @@ def reduce_slice(seg: shared.SharedSegment, window, slices, base: int, posted: i
     when ``window`` is a :class:`~allreduce.buffers.Pieces`: the slice may span several arrays).
 
     ``finish_nranks`` > 0 fuses Average's divide into the last reduction; 0 leaves a plain sum.
-    ``publish``: the last reduction also writes the finished slice into my region, in the same
-    pass (one read of the slice fewer than :func:`publish` after it; float16 and bfloat16 take
-    the two steps). Post afterwards.
+    ``publish``: the reduction also writes the finished slice into my region, in the same
+    pass (one read of the slice fewer than :func:`publish` after it). Post afterwards.
+    All p - 1 peers' copies go into one :func:`~allreduce.kernels.reduce_many_into` call: three
+    peers per pass over my slice instead of one (at p = 4 the slice is read and written once).
     """
     p, me = seg.size, seg.rank
     off, n = slices[me]
-    mine = parts(window, off, off + n)
-    if not finish_nranks and op == Average:
-        op, finish_nranks = Sum, 1                          # a plain sum: no divide in the last pass
-    for i in range(1, p):
-        peer = (me + i) % p
-        seg.wait(peer, posted)                                 # wait for the peer's copy-in
-        theirs = seg.data(peer, window.dtype, n, base + off)
-        out = seg.data(me, window.dtype, n, base + off) if publish and i == p - 1 else None
-        for pos, part in mine:
-            other = theirs[pos:pos + part.size]
-            if i < p - 1:
-                kernels.reduce_into(part, other, op)
-                continue
-            dst = None if out is None else out[pos:pos + part.size]
-            if dst is None or not kernels.reduce_finish_into_both(part, other, dst, op, finish_nranks):
-                kernels.reduce_finish_into(part, other, op, finish_nranks)
-                if dst is not None:
-                    kernels.copy_into(dst, part)
+    order = [(me + i) % p for i in range(1, p)]            # fixed order: every rank's bits agree
+    for peer in order:
+        seg.wait(peer, posted)                             # wait for every peer's copy-in
+    theirs = [seg.data(peer, window.dtype, n, base + off) for peer in order]
+    out = seg.data(me, window.dtype, n, base + off) if publish else None
+    for pos, part in parts(window, off, off + n):
+        kernels.reduce_many_into(part, [t[pos:pos + part.size] for t in theirs], op, finish_nranks,
+                                 None if out is None else out[pos:pos + part.size])
     return window[off:off + n] if isinstance(window, np.ndarray) else None
 
 
@@ -198,8 +206,8 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
         post "done reading"; wait until every peer is done reading mine (then the caller may
         write into buf again)
 
-    Bytes moved per byte: reduce (3p - 3)/p with pairwise passes, copy-out 2(p - 1)/p:
-    (5p - 5)/p, against (7p - 6)/p with the copy-in. A window holds ``slot_bytes`` per rank's
+    Bytes moved per byte (:func:`traffic`): reduce (p - 1 + 2m)/p (m passes, three peers per
+    pass), copy-out 2(p - 1)/p: 2.75 at p = 4, against 4.5 with the copy-in. A window holds ``slot_bytes`` per rank's
     slice (the copy-in path's hold ``slot_bytes`` in all), so a finished slice is still in the
     cache when the peers copy it out; the bits are those of the copy-in path with p x
     ``slot_bytes`` (the same cut into slices, the same order of additions).
@@ -236,12 +244,7 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
         off, n = slices[me]
         mine = buf[off:off + n]
         comm.mark("reduce", k)
-        for i in range(1, p):
-            theirs = peers[(me + i) % p][off:off + n]
-            if i < p - 1:
-                kernels.reduce_into(mine, theirs, op)
-            else:
-                kernels.reduce_finish_into(mine, theirs, op, p)
+        kernels.reduce_many_into(mine, [peers[(me + i) % p][off:off + n] for i in range(1, p)], op, p)
         final = seg.post()
         comm.mark("copy-out", k)
         for i in range(1, p):
