@@ -68,7 +68,8 @@ OURS = ("ring", "tree", "rhd", "rd", "shm", "mpi")    # what auto chooses among 
 
 #: shm's two ways: bytes moved per byte at p ranks (allreduce.algorithms.shm.traffic), and what moves them.
 _TRAFFIC = {"shm": (False, "copy in, reduce three peers per pass and publish in the same pass, copy out"),
-            "shm-reg": (True, "no copy in: reduce three peers per pass from the peers' registered buffers, copy out")}
+            "shm-reg": (True, "no copy in: reduce three peers per pass from the peers' registered buffers, "
+                              "push the result into them")}
 _SHM_LABEL = {"shm": "shm", "shm-reg": "shm on registered buffers (`shared_empty`, no copy-in)"}
 
 

@@ -129,7 +129,7 @@ def test_shm_goals_cover_both_ways_and_leave_shm_reg_out_of_autos_contest():
             "worst size: **2.00x** (goal >= 1.5x): **met**.") in text
     assert ("worst size: **70%** (goal >= 60%): **met**. shm-reg moves `shm.traffic(p, registered=True)` bytes "
             "per byte") in text
-    assert "2.75 at p = 4" in text and "4.5 at p = 4" in text
+    assert "2 at p = 4" in text and "4.5 at p = 4" in text
     assert "auto / best single algorithm, -np 4, worst size: **1.00x**" in text
 
 

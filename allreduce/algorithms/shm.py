@@ -59,8 +59,9 @@ slice, and W = 4 MiB ran 1.2-2x faster than 2 MiB at -np 4.
 
 Registered buffers (:func:`zero_copy`): when ``buf`` itself lies in shared
 memory (``Communicator.shared_empty``), step 1 goes away: each rank reduces
-its slice straight from its peers' buffers and copies the finished slices
-out of them: ``traffic(p, registered=True)`` bytes per byte, 2.5 at p = 2 and 2.75 at p = 4.
+its slice straight from its peers' buffers and writes the finished slice
+into theirs (push), so step 3 goes too: ``traffic(p, registered=True)``
+bytes per byte, 2 at p = 2 and 4, and no syncs between windows.
 """
 from __future__ import annotations
 
@@ -79,18 +80,22 @@ __all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "traffic", "attach", "co
 #: The window per rank when a node runs more ranks than cores (milliseconds of work per sync);
 #: with a core per rank the default is smaller: see :func:`allreduce.transport.shared.window_bytes`.
 SLOT_BYTES = shared.WINDOW_BYTES_OVERSUBSCRIBED
+#: :func:`zero_copy` reduces and pushes this much of its slice at a time, so the finished chunk is
+#: still in the core's L2 (1 MiB per core on the development VM) when it is written to the peers.
+PUSH_CHUNK_BYTES = 256 << 10
 
 
 def traffic(p: int, registered: bool = False) -> float:
     """Bytes each rank reads and writes per byte of input at ``p`` ranks (the cost model's gamma
     term, and the benchmark's %bound note): copy-in (not on a registered buffer), reduce in
-    m = (p-1)//3 + (p-1)%3 passes (:func:`~allreduce.kernels.reduce_many_into`), publish (not on
-    a registered buffer: the peers read my slice where it lies), copy-out."""
+    m = (p-1)//3 + (p-1)%3 passes (:func:`~allreduce.kernels.reduce_many_into`), publish and
+    copy-out; on a registered buffer only the reduce and the push of my finished slice into the
+    p - 1 peers' buffers ((p-1)/p writes: the chunk is read from the cache)."""
     if p < 2:
         return 0.0
     passes = (p - 1) // 3 + (p - 1) % 3
     reduce, copy = (p - 1 + 2 * passes) / p, 2 * (p - 1) / p
-    return reduce + copy if registered else copy + reduce + 1 / p + copy
+    return reduce + (p - 1) / p if registered else copy + reduce + 1 / p + copy
 
 
 def attach(comm: Transport, slot_bytes: int) -> shared.SharedSegment:
@@ -195,26 +200,34 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
 def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offset: int, op: Op,
               slot_bytes: int | None = None) -> None:
     """Reduce ``buf`` in place where it lies: element ``offset`` of this rank's region of ``seg``
-    (``comm`` only hears the steps' marks: ``allreduce-explain shm-reg`` prints them).
+    (``comm`` only hears one mark: ``allreduce-explain shm-reg`` prints the inputs and results).
 
-    Every rank's buffer is already in shared memory, so there is no copy-in::
+    Every rank's buffer is already in shared memory, so there is no copy-in, and the rank that
+    reduces a slice can also write the result into every peer's buffer (push), instead of each
+    peer copying it out (pull)::
 
         post "my input is ready"; check every peer's tag (offset, count, dtype) against mine
-        for each window of p x slot_bytes (my part of it: its slice me):
-            reduce:   my slice += each peer's slice, read in its buffer    post "window k final"
-            copy-out: each peer's finished slice, from its buffer, into mine
-        post "done reading"; wait until every peer is done reading mine (then the caller may
-        write into buf again)
+        for each window of p x slot_bytes (my part of it: its slice me), chunk by chunk:
+            reduce: my chunk += each peer's chunk, read in its buffer
+            push:   my finished chunk into each peer's buffer (still in my cache)
+        post "done writing"; wait until every peer is done writing (into mine, too: then the
+        caller may read and write buf again)
+
+        rank 0 (slice A)          buffers after the push
+        A0 <- A0 + A1 + A2        0: [A  .  . ]    every rank writes only its own slice,
+        A1 <- A                   1: [A  .  . ]    in every buffer; no other rank reads
+        A2 <- A                   2: [A  .  . ]    or writes that slice during the call
 
     Bytes moved per byte (:func:`traffic`): reduce (p - 1 + 2m)/p (m passes, three peers per
-    pass), copy-out 2(p - 1)/p: 2.75 at p = 4, against 4.5 with the copy-in. A window holds ``slot_bytes`` per rank's
-    slice (the copy-in path's hold ``slot_bytes`` in all), so a finished slice is still in the
-    cache when the peers copy it out; the bits are those of the copy-in path with p x
+    pass), push (p - 1)/p writes: 2 at p = 2 and 4, the least any allreduce can move (read the
+    input, write the result), against 4.5 with the copy-in. Syncs: one all-to-all round
+    before and one after, none per window. The bits are those of the copy-in path with p x
     ``slot_bytes`` (the same cut into slices, the same order of additions).
 
-    Why it is race-free. A peer reads my slice j of window k only before it posts "window k
-    final" (I overwrite that slice only after the post), and my finished slices only before it
-    posts "done" (I return only after that post, so the caller cannot overwrite them early).
+    Why it is race-free. Slice j of every buffer belongs to rank j for the whole call: only rank
+    j reads it (after every rank's "ready" post: the inputs are all written) and writes it. No
+    rank returns before every rank's "done" post, so no caller touches its buffer while a peer
+    still reads or writes it.
     """
     p, me, count = seg.size, seg.rank, buf.size
     if p == 1 or count == 0:
@@ -222,7 +235,9 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
         return
     tag = (offset, count, dtype_code(buf.dtype) * 64 + int(op))
     seg.set_tag(*tag)
-    comm.mark("ready", 0)
+    # One step for the explain tool, marked before my first post: after it, peers write into my
+    # buffer while I work, so the only states every run shows alike are the inputs and the results.
+    comm.mark("reduce+push", 0)
     ready = seg.post()
     for i in range(1, p):                                   # every rank checks every peer: all raise
         peer = (me + i) % p
@@ -235,24 +250,17 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
                 f"reduces {count} elements at element {offset} ({_describe(tag)}), rank {peer} "
                 f"{theirs[1]} at element {theirs[0]} ({_describe(theirs)}); every rank must pass "
                 "the same slice of the array shared_empty returned, with the same dtype and op")
-    peers = [seg.data(peer, buf.dtype, count, offset) for peer in range(p)]
+    others = [seg.data((me + i) % p, buf.dtype, count, offset) for i in range(1, p)]   # fixed order
     slot_bytes = shared.window_bytes(p) if slot_bytes is None else slot_bytes
     per = p * (slot_bytes // buf.itemsize)                  # elements per window (windows() checks > 0)
+    chunk = max(1, PUSH_CHUNK_BYTES // buf.itemsize)
     for k, start in enumerate(windows(count, buf.itemsize, p * slot_bytes)):
-        window = buf[start:start + per]
-        slices = [(start + off, n) for off, n in partition.chunks(window.size, p)]
-        off, n = slices[me]
-        mine = buf[off:off + n]
-        comm.mark("reduce", k)
-        kernels.reduce_many_into(mine, [peers[(me + i) % p][off:off + n] for i in range(1, p)], op, p)
-        final = seg.post()
-        comm.mark("copy-out", k)
-        for i in range(1, p):
-            peer = (me + i) % p
-            seg.wait(peer, final)
-            off, n = slices[peer]
-            kernels.copy_into(buf[off:off + n], peers[peer][off:off + n])
-    comm.mark("done", 0)
+        off, n = partition.chunks(min(per, count - start), p)[me]
+        for lo in range(start + off, start + off + n, chunk):
+            hi = min(lo + chunk, start + off + n)
+            kernels.reduce_many_into(buf[lo:hi], [other[lo:hi] for other in others], op, p)   # reduce
+            for other in others:
+                kernels.copy_into(other[lo:hi], buf[lo:hi])                            # push
     done = seg.post()
     for i in range(1, p):
         seg.wait((me + i) % p, done)
