@@ -269,3 +269,37 @@ def test_reduce_many_into_int64_sums_stay_exact():
     kernels.reduce_many_into(dst, [big, big, big], Op.AVERAGE, 4)
     want = big * 4
     np.testing.assert_array_equal(dst, np.where(want >= 0, np.abs(want) // 4, -(np.abs(want) // 4)))
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(Op), ids=repr)
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 7])
+def test_reduce_push_into_leaves_the_same_bits_in_every_operand(dtype, op, k):
+    """shm on registered buffers: my slice and every peer's copy of it end with exactly what k
+    pairwise calls give my slice (fused loops for one and three peers, chunks otherwise)."""
+    a, b = _inputs(dtype, n=3000, seed=k + 10)
+    pool = [a, b, a[::-1].copy(), b[::-1].copy(), np.roll(a, 7), np.roll(b, 11), np.roll(a, 13), np.roll(b, 5)]
+    for nranks in (0, k + 1):
+        want = pool[k].copy()
+        srcs = [pool[j].copy() for j in range(k)]
+        with np.errstate(all="ignore"):
+            _pairwise_many(want, [s.copy() for s in srcs], op, nranks)
+            got = pool[k].copy()
+            kernels.reduce_push_into(got, srcs, op, nranks)
+        assert _same(got, want)
+        assert all(_same(s, want) for s in srcs)
+    empty = np.empty(0, dtype)
+    kernels.reduce_push_into(empty, [empty] * k, op, 2)
+
+
+def test_reduce_push_into_chunks_cover_the_whole_slice(monkeypatch):
+    """The fallback (two peers here) works chunk by chunk; a chunk boundary inside the slice changes
+    nothing."""
+    monkeypatch.setattr(kernels, "PUSH_CHUNK_BYTES", 40)       # 10 float32 per chunk
+    rng = np.random.default_rng(3)
+    x, y, z = (rng.standard_normal(97).astype(np.float32) for _ in range(3))
+    want = x.copy()
+    _pairwise_many(want, [y, z], Op.AVERAGE, 3)
+    ys, zs = y.copy(), z.copy()
+    kernels.reduce_push_into(x, [ys, zs], Op.AVERAGE, 3)
+    assert x.tobytes() == want.tobytes() == ys.tobytes() == zs.tobytes()

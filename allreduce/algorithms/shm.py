@@ -80,9 +80,6 @@ __all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "traffic", "attach", "co
 #: The window per rank when a node runs more ranks than cores (milliseconds of work per sync);
 #: with a core per rank the default is smaller: see :func:`allreduce.transport.shared.window_bytes`.
 SLOT_BYTES = shared.WINDOW_BYTES_OVERSUBSCRIBED
-#: :func:`zero_copy` reduces and pushes this much of its slice at a time, so the finished chunk is
-#: still in the core's L2 (1 MiB per core on the development VM) when it is written to the peers.
-PUSH_CHUNK_BYTES = 256 << 10
 
 
 def traffic(p: int, registered: bool = False) -> float:
@@ -207,9 +204,10 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
     peer copying it out (pull)::
 
         post "my input is ready"; check every peer's tag (offset, count, dtype) against mine
-        for each window of p x slot_bytes (my part of it: its slice me), chunk by chunk:
-            reduce: my chunk += each peer's chunk, read in its buffer
-            push:   my finished chunk into each peer's buffer (still in my cache)
+        for each window of p x slot_bytes (my part of it: its slice me), in one pass
+        (kernels.reduce_push_into):
+            reduce: my slice += each peer's slice, read in its buffer
+            push:   the result into each peer's buffer (each line still in my cache)
         post "done writing"; wait until every peer is done writing (into mine, too: then the
         caller may read and write buf again)
 
@@ -253,14 +251,11 @@ def zero_copy(comm: Transport, seg: shared.SharedSegment, buf: np.ndarray, offse
     others = [seg.data((me + i) % p, buf.dtype, count, offset) for i in range(1, p)]   # fixed order
     slot_bytes = shared.window_bytes(p) if slot_bytes is None else slot_bytes
     per = p * (slot_bytes // buf.itemsize)                  # elements per window (windows() checks > 0)
-    chunk = max(1, PUSH_CHUNK_BYTES // buf.itemsize)
-    for k, start in enumerate(windows(count, buf.itemsize, p * slot_bytes)):
+    for start in windows(count, buf.itemsize, p * slot_bytes):
         off, n = partition.chunks(min(per, count - start), p)[me]
-        for lo in range(start + off, start + off + n, chunk):
-            hi = min(lo + chunk, start + off + n)
-            kernels.reduce_many_into(buf[lo:hi], [other[lo:hi] for other in others], op, p)   # reduce
-            for other in others:
-                kernels.copy_into(other[lo:hi], buf[lo:hi])                            # push
+        lo, hi = start + off, start + off + n
+        # reduce my slice from every array, and push the result into every array
+        kernels.reduce_push_into(buf[lo:hi], [other[lo:hi] for other in others], op, p)
     done = seg.post()
     for i in range(1, p):
         seg.wait((me + i) % p, done)

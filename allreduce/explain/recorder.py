@@ -204,15 +204,15 @@ class RecordingTransport(Transport):
 def patch_kernels(recording: Recording, *modules) -> Iterator[None]:
     """Count every reduction call (``reduce_into``, ``reduce_finish_into``, and the three that
     return whether they did it: ``reduce_first_into``, ``reduce_finish_into_both``,
-    ``reduce_finish_split_into``) while the block runs; ``reduce_many_into`` counts as one
-    reduction per source, as the pairwise calls it stands for.
+    ``reduce_finish_split_into``) while the block runs; ``reduce_many_into`` and
+    ``reduce_push_into`` count as one reduction per source, as the pairwise calls they stand for.
 
     Patches ``allreduce.kernels`` and any of ``modules`` that imported the
     functions by name; everything is restored on exit.
     """
     from .. import kernels
     names = ("reduce_into", "reduce_finish_into", "reduce_first_into", "reduce_finish_into_both",
-             "reduce_finish_split_into", "reduce_many_into")
+             "reduce_finish_split_into", "reduce_many_into", "reduce_push_into")
     originals = {name: getattr(kernels, name) for name in names}
     reports_done = {"reduce_first_into", "reduce_finish_into_both", "reduce_finish_split_into"}   # False: the caller reduces another way
 
@@ -227,7 +227,7 @@ def patch_kernels(recording: Recording, *modules) -> Iterator[None]:
                 result = fn(dst, src, *args, **kwargs)
             finally:
                 inside.busy = False
-            if name == "reduce_many_into":
+            if name in ("reduce_many_into", "reduce_push_into"):
                 for one in src:
                     recording.on_reduce(dst, one)
             elif name not in reports_done or result:

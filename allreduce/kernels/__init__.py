@@ -5,6 +5,7 @@ The algorithms call three functions and never look at dtypes:
     reduce_into(dst, src, op)             dst = dst (op) src
     reduce_finish_into(dst, src, op, p)   the same, and for Average also / p (fused)
     reduce_many_into(dst, srcs, op, p)    dst = (dst (op) srcs[0]) (op) srcs[1] ..., likewise finished
+    reduce_push_into(dst, srcs, op, p)    the same, and every src gets the result too
     finish(buf, op, p)                    for Average: buf /= p   (when no reduction is left)
 
 Both arguments are contiguous 1-D arrays of the same dtype and length.
@@ -22,6 +23,7 @@ from ..ops import Average, Op, Sum, bfloat16
 from . import cpu, fused, half
 
 __all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "reduce_finish_into_both", "reduce_many_into",
+           "reduce_push_into",
            "reduce_finish_split_into", "finish", "copy_into"]
 
 _NATIVE = {Op.SUM: cpu.sum_into, Op.AVERAGE: cpu.sum_into, Op.PRODUCT: cpu.prod_into,
@@ -32,6 +34,13 @@ _SPLIT = {Op.SUM: cpu.sum_split_into, Op.PRODUCT: cpu.prod_split_into, Op.MIN: c
           Op.MAX: cpu.max_split_into}
 _FUSED = {Op.SUM: fused.sum3_into, Op.AVERAGE: fused.sum3_into, Op.PRODUCT: fused.prod3_into,
           Op.MIN: fused.min3_into, Op.MAX: fused.max3_into}
+_PUSH = {1: {Op.SUM: fused.sum_push, Op.AVERAGE: fused.sum_push, Op.PRODUCT: fused.prod_push,
+             Op.MIN: fused.min_push, Op.MAX: fused.max_push, "int": fused.int_sum_push},
+         3: {Op.SUM: fused.sum3_push, Op.AVERAGE: fused.sum3_push, Op.PRODUCT: fused.prod3_push,
+             Op.MIN: fused.min3_push, Op.MAX: fused.max3_push, "int": fused.int_sum3_push}}
+#: reduce_push_into's fallback works through this much at a time, so the result is still in the
+#: core's L2 (1 MiB per core on the development VM) when it is copied into the operands.
+PUSH_CHUNK_BYTES = 256 << 10
 _BOTH = {Op.SUM: cpu.sum_into_both, Op.PRODUCT: cpu.prod_into_both, Op.MIN: cpu.min_into_both,
          Op.MAX: cpu.max_into_both}
 # The hot paths compare against the module names ``Sum`` and ``Average``, never ``Op.AVERAGE``: on
@@ -133,6 +142,33 @@ def reduce_many_into(dst: np.ndarray, srcs, op: Op, nranks: int, out: np.ndarray
         reduce_finish_into(dst, srcs[-1], op, nranks)
     if out is not None:
         copy_into(out, dst)
+
+
+def reduce_push_into(dst: np.ndarray, srcs, op: Op, nranks: int) -> None:
+    """:func:`reduce_many_into`, and every array of ``srcs`` receives the result too.
+
+    shm on registered buffers: ``dst`` is my slice of my array, ``srcs`` the same slice of each
+    peer's, and every rank ends with the result. One or three sources of a native dtype take
+    one fused loop (:mod:`.fused`: each line read and written while it is in L1); other counts
+    and the 16-bit formats reduce and copy in chunks of ``PUSH_CHUNK_BYTES``.
+    """
+    if dst.size == 0:
+        return
+    if op == Average and nranks <= 0:
+        op = Sum
+    nranks = max(nranks, 1)
+    kernels = _PUSH.get(len(srcs))
+    if kernels is not None and dst.dtype in _NATIVE_DTYPES:
+        kernel = kernels["int"] if (dst.dtype.kind in "iu" and op in (Sum, Average)) else kernels[op]
+        kernel(dst, *srcs, nranks if op == Average else 0)
+        return
+    step = max(1, PUSH_CHUNK_BYTES // dst.itemsize)
+    for lo in range(0, dst.size, step):
+        mine = dst[lo:lo + step]
+        theirs = [src[lo:lo + step] for src in srcs]
+        reduce_many_into(mine, theirs, op, nranks)
+        for other in theirs:
+            copy_into(other, mine)
 
 
 def reduce_finish_split_into(dst: np.ndarray, src: np.ndarray, lo: int, hi: int, op: Op, nranks: int) -> bool:
