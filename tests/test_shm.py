@@ -241,3 +241,17 @@ def test_default_window_follows_oversubscription(monkeypatch):
     inputs = make_inputs(np.random.default_rng(5), 2, 1000, np.float32, Op.SUM)
     assert_allreduce_ok(run_algorithm(shm.allreduce, inputs, Op.SUM), inputs, Op.SUM)
     assert seen == [2 << 20] * 2
+
+
+def test_traffic_counts_the_bytes_each_step_moves():
+    """shm.traffic: copy-in 2(p-1)/p, reduce in passes of up to three peers (each pass reads the
+    slice and its peers' copies and writes it once), publish 1/p, copy-out 2(p-1)/p; registered
+    buffers only reduce and push (p-1)/p. The figures the docs and the benchmark's notes quote."""
+    assert shm.traffic(1) == 0.0
+    assert shm.traffic(2) == pytest.approx(4.0)          # 1 + 1.5 + 0.5 + 1
+    assert shm.traffic(3) == pytest.approx(5.0)          # two pairwise passes: 6/3
+    assert shm.traffic(4) == pytest.approx(4.5)          # one pass of three peers: 5/4
+    assert shm.traffic(5) == pytest.approx(5.0)          # a pass of three and a pairwise one: 8/5
+    assert [shm.traffic(p, registered=True) for p in (2, 4)] == pytest.approx([2.0, 2.0])
+    for p in range(2, 12):                               # never below the floor: read n, write n
+        assert shm.traffic(p, registered=True) >= 2.0 and shm.traffic(p) > shm.traffic(p, registered=True)
