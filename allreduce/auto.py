@@ -10,6 +10,12 @@ Three sources, in order, for a message of n bytes:
 3. the cost model (:mod:`allreduce.algorithms.select`): ``choose`` on this
    rank, ``pick`` agreed with rank 0 where ranks could read different fits.
 
+An in-place call on a registered array (``shared_empty``) of 64 KiB or more
+is booked apart from a private array of its size (:meth:`AutoChooser.auto_key`):
+shm reduces it where it lies, at 2 bytes moved per byte instead of 4.5, so it
+is a different contest (-np 2, 4 MiB, by hand: shm 426 us in place against
+rhd's 1042 us on the private array, where shm's copy-in took 1078).
+
 Every decision is taken at the same call on every rank (the ranks make the
 same calls in the same order), so no two ranks ever run different algorithms.
 This module is the communicator's mixin for all of it; ``comm.py`` keeps the
@@ -24,6 +30,7 @@ import numpy as np
 from . import algorithms, autotune
 from .algorithms import select
 from .algorithms.broadcast import broadcast as _broadcast
+from .transport import shared
 from .config import ALGORITHM_NAMES
 from .ops import Op
 
@@ -32,6 +39,18 @@ __all__ = ["AutoChooser"]
 log = logging.getLogger("allreduce.auto")
 
 _ALGO_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
+
+
+#: Smaller calls on registered arrays are keyed as private ones: there the in-place path's two
+#: all-to-all flag rounds cost more than the bytes it saves (2-core VM, report sweeps: -np 2 it
+#: tied the best at 64 KiB, 23.6 against 18.4-22 us, and won from 256 KiB; -np 4 from 1 MiB), and
+#: the check (shared.find, ~0.2 us) would weigh on calls of a few microseconds.
+REGISTERED_MIN_BYTES = 64 << 10
+
+
+def _size(key: int) -> int:
+    """The message size behind an :meth:`AutoChooser.auto_key` (``~size`` for a registered array)."""
+    return key if key >= 0 else ~key
 
 
 class AutoChooser:
@@ -53,6 +72,15 @@ class AutoChooser:
                 names.append("shm")                  # one node: reduce straight from shared memory
         return tuple(names)
 
+    def auto_key(self, flat: np.ndarray, src: np.ndarray | None = None) -> int:
+        """How auto's books (kept picks, the tuner's trials and watches) know a call: its size in
+        bytes, or ``~size`` (a negative number) for an in-place call on a registered array
+        (``shared_empty``) of ``REGISTERED_MIN_BYTES`` or more, which shm reduces where it lies:
+        another contest than a private array of the same size, so it is tuned apart."""
+        if src is None and flat.nbytes >= REGISTERED_MIN_BYTES and shared.find(self.transport, flat) is not None:
+            return ~flat.nbytes
+        return flat.nbytes
+
     def pick(self, nbytes: int) -> str:
         """What ``algorithm="auto"`` runs for ``nbytes``: the same on every rank.
 
@@ -64,7 +92,7 @@ class AutoChooser:
         """
         name = self.auto_picks.get(nbytes)
         if name is None:
-            name = self.choose(nbytes)
+            name = self.choose(_size(nbytes))
             if self._agree:
                 code = np.array([_ALGO_CODES[name]], np.int64)
                 _broadcast(self.transport, code, 0)
@@ -83,7 +111,7 @@ class AutoChooser:
         k = autotune.CONTENDERS
         plan = np.full(1 + 2 * k, -1, np.int64)            # trials, k codes, k predictions (ns)
         if self.rank == 0:
-            ranked = self.ranked(nbytes)
+            ranked = self.ranked(_size(nbytes))
             names = autotune.contenders(ranked)
             plan[0] = autotune.trials_for(ranked[0][1])
             plan[1:1 + len(names)] = [_ALGO_CODES[name] for name in names]
@@ -114,7 +142,8 @@ class AutoChooser:
         """Every rank has made the last call of the trial's rounds: agree on each contender's
         slowest rank's score. After the first rounds the fastest runs until the recheck
         (:meth:`Trial.recheck`); after the second it is kept for this size."""
-        name = self.tuner.finish_round(trial, self._agree_max)
+        name = self.tuner.finish_round(trial, self._agree_max,
+                                       watch=_size(trial.nbytes) >= autotune.WATCH_BYTES)
         if name is not None:
             self._keep(trial.nbytes, name)
 
@@ -124,8 +153,8 @@ class AutoChooser:
         score it won with, either way."""
         why = self.tuner.check(watch, self._agree_max)
         if why is not None:
-            log.info("rank %d: auto's pick %s for %d bytes %s; tuning again", self.rank, watch.name,
-                     watch.nbytes, why)
+            log.info("rank %d: auto's pick %s for %d bytes%s %s; tuning again", self.rank, watch.name,
+                     _size(watch.nbytes), " (registered)" if watch.nbytes < 0 else "", why)
             self.auto_picks.pop(watch.nbytes, None)
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:

@@ -70,7 +70,7 @@ class Communicator(AutoChooser):
         # auto's pick must be the same on every rank (different algorithms would deadlock) even
         # where each node reads its own fitted cost model: on MPI, rank 0's pick is broadcast
         self._agree = self._mpi_transport and transport.size > 1
-        self.auto_picks: dict[int, str] = {}     # nbytes -> what auto runs: the tuner's winner or rank 0's pick
+        self.auto_picks: dict[int, str] = {}     # auto_key -> what auto runs: the tuner's winner or rank 0's pick
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -144,13 +144,14 @@ class Communicator(AutoChooser):
                                  algorithm=_ALGO_CODES[algorithm], shared=-1 if registered is None else registered[1])
         trial = watch = None
         if algorithm == "auto":
-            algorithm = self.auto_picks.get(flat.nbytes)
+            key = self.auto_key(flat, src)
+            algorithm = self.auto_picks.get(key)
             if algorithm is None:
                 if self.tuner is not None and transport is None and flat.size:
-                    trial = self.tuner.trials.get(flat.nbytes) or self._start_trial(flat.nbytes)
-                algorithm = self.pick(flat.nbytes) if trial is None else trial.current()
+                    trial = self.tuner.trials.get(key) or self._start_trial(key)
+                algorithm = self.pick(key) if trial is None else trial.current()
             elif self.tuner is not None and transport is None:
-                watch = self.tuner.watches.get(flat.nbytes)
+                watch = self.tuner.watches.get(key)
         start = time.perf_counter() if trial is not None or watch is not None else 0.0
         algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
                        segment_bytes=self.config.segment_bytes, src=src)
@@ -196,8 +197,9 @@ class Communicator(AutoChooser):
         Every rank calls it, in the same order, with the same shape and dtype. Each call maps a
         new shared window, freed only when MPI finalizes at the process's exit (as shm's own
         segment), so allocate once and reuse. On ranks that span several nodes, where no memory
-        is shared, it returns an ordinary array. ``auto`` keeps its pick per size, whatever the
-        memory: pass ``algorithm="shm"`` for the in-place path.
+        is shared, it returns an ordinary array. ``auto`` tunes calls on such arrays apart from
+        calls on private arrays of the same size (:meth:`auto_key`), so it runs the in-place
+        path where that measured fastest; ``algorithm="shm"`` asks for it outright.
         """
         dtype = np.dtype(dtype)
         check_dtype(dtype, Op.SUM)

@@ -195,3 +195,13 @@ def test_a_timing_in_a_slow_spell_is_repeated_with_a_doubling_gap():
 def test_a_pick_that_slows_down_under_mpi_is_tuned_again():
     out = mpirun(2, "autotune_watch.py", timeout=240).stdout
     assert "OK autotune_watch on 2 ranks" in out, out[-2000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_registered_array_is_tuned_apart_from_a_private_one_of_the_same_size(np_):
+    """auto's books key an in-place call on a shared_empty array by ~size: it is timed against the
+    others where it runs, shm reduces it in place when shm wins, and a private array of the same
+    size keeps its own pick (tests/mpi/autotune_registered.py)."""
+    out = mpirun(np_, "autotune_registered.py", timeout=240).stdout
+    assert f"OK autotune_registered on {np_} ranks" in out, out[-2000:]
