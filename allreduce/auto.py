@@ -34,7 +34,7 @@ from .transport import shared
 from .config import ALGORITHM_NAMES
 from .ops import Op
 
-__all__ = ["AutoChooser"]
+__all__ = ["AutoChooser", "REGISTERED_MIN_BYTES", "SMALL_BYTES"]
 
 log = logging.getLogger("allreduce.auto")
 
@@ -46,6 +46,8 @@ _ALGO_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
 #: tied the best at 64 KiB, 23.6 against 18.4-22 us, and won from 256 KiB; -np 4 from 1 MiB), and
 #: the check (shared.find, ~0.2 us) would weigh on calls of a few microseconds.
 REGISTERED_MIN_BYTES = 64 << 10
+#: Below this a kept pick is all a call needs: not watched (autotune.WATCH_BYTES), not registered.
+SMALL_BYTES = min(REGISTERED_MIN_BYTES, autotune.WATCH_BYTES)
 
 
 def _size(key: int) -> int:
@@ -71,6 +73,21 @@ class AutoChooser:
             if self.local_size == self.size and self.size > 1:
                 names.append("shm")                  # one node: reduce straight from shared memory
         return tuple(names)
+
+    def auto_resolve(self, flat: np.ndarray, src: np.ndarray | None, transport) -> tuple:
+        """What an ``auto`` call on ``flat`` runs: ``(algorithm, trial, watch)``, the trial and
+        watch being the tuner's books to feed with this call's time (None: nothing to time).
+        ``transport``: a sub-transport the caller runs on (no tuning there), or None."""
+        key = self.auto_key(flat, src)
+        trial = watch = None
+        algorithm = self.auto_picks.get(key)
+        if algorithm is None:
+            if self.tuner is not None and transport is None and flat.size:
+                trial = self.tuner.trials.get(key) or self._start_trial(key)
+            algorithm = self.pick(key) if trial is None else trial.current()
+        elif self.tuner is not None and transport is None:
+            watch = self.tuner.watches.get(key)
+        return algorithm, trial, watch
 
     def auto_key(self, flat: np.ndarray, src: np.ndarray | None = None) -> int:
         """How auto's books (kept picks, the tuner's trials and watches) know a call: its size in
