@@ -30,9 +30,9 @@ import numpy as np
 from . import algorithms, autotune
 from .algorithms import select
 from .algorithms.broadcast import broadcast as _broadcast
-from .transport import shared
 from .config import ALGORITHM_NAMES
 from .ops import Op
+from .transport import shared
 
 __all__ = ["AutoChooser", "REGISTERED_MIN_BYTES", "SMALL_BYTES"]
 

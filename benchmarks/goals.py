@@ -83,7 +83,8 @@ def _shm_traffic(p: int | None, name: str = "shm") -> str:
     text = f" {name} moves `{call}` bytes per byte through memory ({what})"
     if not p or p < 2:
         return text + "."
-    return text + f": {shm.traffic(p, registered):.3g} at p = {p}, where 60% of the bound allows about 3.3 from memory."
+    return (text + f": {shm.traffic(p, registered):.3g} at p = {p}, where 60% of the bound allows about 3.3 "
+            "from memory.")
 
 
 def shm_and_auto_goals(records: list[dict], label: str, auto_picks: dict | None = None) -> list[str]:

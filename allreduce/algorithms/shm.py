@@ -74,8 +74,8 @@ from ..ops import Average, Op, Sum, dtype_code, dtype_from_code
 from ..transport import shared
 from ..transport.base import Transport
 
-__all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "traffic", "attach", "copy_in", "reduce_slice", "publish", "copy_out",
-           "windows", "zero_copy"]
+__all__ = ["allreduce", "allreduce_many", "SLOT_BYTES", "traffic", "attach", "copy_in", "reduce_slice", "publish",
+           "copy_out", "windows", "zero_copy"]
 
 #: The window per rank when a node runs more ranks than cores (milliseconds of work per sync);
 #: with a core per rank the default is smaller: see :func:`allreduce.transport.shared.window_bytes`.

@@ -32,8 +32,9 @@ _HALF = {np.dtype(np.float16): half.FLOAT16, bfloat16: half.BFLOAT16}
 _FIRST = {Op.SUM: cpu.sum_first_into, Op.AVERAGE: cpu.sum_first_into, Op.PRODUCT: cpu.prod_first_into}
 _SPLIT = {Op.SUM: cpu.sum_split_into, Op.PRODUCT: cpu.prod_split_into, Op.MIN: cpu.min_split_into,
           Op.MAX: cpu.max_split_into}
+# Fused kernels by op; "int": integer Sum and Average (int64 arithmetic, wrapped by the store).
 _FUSED = {Op.SUM: fused.sum3_into, Op.AVERAGE: fused.sum3_into, Op.PRODUCT: fused.prod3_into,
-          Op.MIN: fused.min3_into, Op.MAX: fused.max3_into}
+          Op.MIN: fused.min3_into, Op.MAX: fused.max3_into, "int": fused.int_sum3_into}
 _PUSH = {1: {Op.SUM: fused.sum_push, Op.AVERAGE: fused.sum_push, Op.PRODUCT: fused.prod_push,
              Op.MIN: fused.min_push, Op.MAX: fused.max_push, "int": fused.int_sum_push},
          3: {Op.SUM: fused.sum3_push, Op.AVERAGE: fused.sum3_push, Op.PRODUCT: fused.prod3_push,
@@ -119,12 +120,10 @@ def reduce_many_into(dst: np.ndarray, srcs, op: Op, nranks: int, out: np.ndarray
     """
     if dst.size == 0:
         return
-    if op == Average and nranks <= 0:
-        op = Sum                                            # a plain sum: no divide at the end
-    nranks = max(nranks, 1)
+    op, nranks = _finishing(op, nranks)
     last, done = len(srcs), 0
     if last and dst.dtype in _NATIVE_DTYPES:
-        kernel = fused.int_sum3_into if (dst.dtype.kind in "iu" and op in (Sum, Average)) else _FUSED[op]
+        kernel = _fused_kernel(_FUSED, dst.dtype, op)
         while last - done >= 3:
             final = done + 3 == last
             kernel(dst, srcs[done], srcs[done + 1], srcs[done + 2],
@@ -154,13 +153,10 @@ def reduce_push_into(dst: np.ndarray, srcs, op: Op, nranks: int) -> None:
     """
     if dst.size == 0:
         return
-    if op == Average and nranks <= 0:
-        op = Sum
-    nranks = max(nranks, 1)
-    kernels = _PUSH.get(len(srcs))
-    if kernels is not None and dst.dtype in _NATIVE_DTYPES:
-        kernel = kernels["int"] if (dst.dtype.kind in "iu" and op in (Sum, Average)) else kernels[op]
-        kernel(dst, *srcs, nranks if op == Average else 0)
+    op, nranks = _finishing(op, nranks)
+    table = _PUSH.get(len(srcs))
+    if table is not None and dst.dtype in _NATIVE_DTYPES:
+        _fused_kernel(table, dst.dtype, op)(dst, *srcs, nranks if op == Average else 0)
         return
     step = max(1, PUSH_CHUNK_BYTES // dst.itemsize)
     for lo in range(0, dst.size, step):
@@ -169,6 +165,18 @@ def reduce_push_into(dst: np.ndarray, srcs, op: Op, nranks: int) -> None:
         reduce_many_into(mine, theirs, op, nranks)
         for other in theirs:
             copy_into(other, mine)
+
+
+def _finishing(op: Op, nranks: int) -> tuple[Op, int]:
+    """``(op, nranks)`` for a last reduction: Average with ``nranks`` <= 0 is the plain sum."""
+    if op == Average and nranks <= 0:
+        return Sum, 1
+    return op, max(nranks, 1)
+
+
+def _fused_kernel(table: dict, dtype: np.dtype, op: Op):
+    """``table``'s kernel for ``op``; integer Sum and Average share the wrapping "int" one."""
+    return table["int"] if (dtype.kind in "iu" and op in (Sum, Average)) else table[op]
 
 
 def reduce_finish_split_into(dst: np.ndarray, src: np.ndarray, lo: int, hi: int, op: Op, nranks: int) -> bool:

@@ -4,9 +4,9 @@ Run by tests/test_shm_registered.py as ``mpirun -np P python shm_registered.py I
 
 Each call reduces a random slice (the same on every rank) of one registered array, through the
 public ``ar.allreduce_`` (or, every other call, shm itself with 1 KiB windows) with no metadata
-check and no barrier, and writes the next inputs the
-moment it returns: a rank returning while a peer still reads its input, or still writes the
-result into its array, would show as a wrong integer. Large calls (up to 3 M elements) come every tenth. Then every rank passes a different
+check and no barrier, and writes the next inputs the moment it returns: a rank returning while a
+peer still reads its input, or still writes the result into its array, would show as a wrong
+integer. Large calls (up to 3 M elements) come every tenth. Then every rank passes a different
 slice, and every rank must raise MismatchError instead of hanging or reducing garbage.
 """
 import sys
