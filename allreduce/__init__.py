@@ -9,7 +9,7 @@
 See README.md for the layers and docs/ for the lessons.
 """
 from .api import (allgather, allgather_object, allreduce, allreduce_, allreduce_async, allreduce_async_,
-                  barrier, broadcast,
+                  alltoall, barrier, broadcast,
                   broadcast_object, communicator, explain_choice, grouped_allreduce, init, is_initialized,
                   local_rank, local_size, rank, reducescatter, shared_empty, shutdown, size, synchronize)
 from .comm import Communicator
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size",
-    "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "broadcast_object",
+    "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "alltoall", "broadcast_object",
     "allgather_object", "barrier", "explain_choice", "shared_empty",
     "allreduce_async", "allreduce_async_", "grouped_allreduce", "synchronize", "Handle", "Compression", "Compressor",
     "Op", "Sum", "Average", "Min", "Max", "Product", "bfloat16",

@@ -25,7 +25,7 @@ from .ops import Op
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter",
-           "broadcast_object", "allgather_object", "barrier", "explain_choice",
+           "alltoall", "broadcast_object", "allgather_object", "barrier", "explain_choice",
            "allreduce_async", "grouped_allreduce", "synchronize", "shared_empty"]
 
 _current: Communicator | None = None
@@ -262,6 +262,12 @@ def allgather(x) -> np.ndarray:
 def reducescatter(x, op=Op.AVERAGE) -> np.ndarray:
     """Reduce ``x`` and keep this rank's slice of axis 0."""
     return communicator().reducescatter(x, op)
+
+
+def alltoall(x, splits=None) -> tuple[np.ndarray, np.ndarray]:
+    """Send ``splits[j]`` rows of ``x`` to rank j (equal shares without splits); return
+    ``(received rows, received splits)``. See :meth:`Communicator.alltoall`."""
+    return communicator().alltoall(x, splits)
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:

@@ -286,6 +286,22 @@ class Communicator(AutoChooser):
         _reducescatter(self.transport, x.reshape(-1), out, counts, op, workspace=self.workspace)
         return out.reshape((counts[self.rank] // row if row else 0,) + x.shape[1:])
 
+    def alltoall(self, x, splits=None) -> tuple[np.ndarray, np.ndarray]:
+        """Send ``splits[j]`` rows (first-dimension slices) of ``x`` to rank j; return what came in.
+
+        Args:
+            x: an array with at least one dimension; rows go out in order, the first
+                ``splits[0]`` to rank 0, the next ``splits[1]`` to rank 1, ...
+            splits: one non-negative integer per rank summing to ``x.shape[0]``; ``None`` (or
+                empty) sends ``x.shape[0] / size`` rows to each rank (then it must divide).
+
+        Returns:
+            ``(received, received_splits)``: the rows every rank sent here, in rank order, and
+            how many came from each rank (int64). Bad splits on any rank raise on every rank.
+        """
+        from .alltoallv import alltoall as _alltoall
+        return _alltoall(self, x, splits)
+
     def barrier(self) -> None:
         self.transport.barrier()
 

@@ -49,6 +49,7 @@ COLLECTIVES = {         # collective -> the algorithms it accepts (allreduce: ev
     "broadcast": ("binomial", "scatter-allgather"),
     "allgather": ("ring",),
     "reducescatter": ("ring",),
+    "alltoall": ("pairwise",),
 }
 
 
@@ -128,6 +129,8 @@ def _load(collective: str, algorithm) -> Callable:
         return lambda comm, buf, extra, sb: fn(comm, buf, 0)
     if collective == "allgather":
         return lambda comm, buf, extra, sb: module.allgatherv(comm, extra[0], buf, extra[1])
+    if collective == "alltoall":            # buf is the receive buffer; extra = (send buffer, counts)
+        return lambda comm, buf, extra, sb: module.alltoallv(comm, extra[0], extra[1], buf, extra[2])
     return lambda comm, buf, extra, sb: module.reducescatter(comm, buf, extra[0], extra[1], Op.SUM,
                                                            workspace=Workspace())
 
@@ -147,6 +150,10 @@ def _inputs(collective: str, p: int, count: int, rank: int, value: Callable[[int
         buf[offsets[rank]:offsets[rank] + sizes[rank]] = block   # my block is in place from the start
         expected = np.concatenate([np.full(n, value(r), np.int64) for r, n in enumerate(sizes)])
         return buf, (block, sizes), expected
+    if collective == "alltoall":    # rank r sends sizes[r] elements to every rank: chunk j comes from j
+        send = np.full(p * sizes[rank], value(rank), np.int64)
+        expected = np.concatenate([np.full(n, value(r), np.int64) for r, n in enumerate(sizes)])
+        return np.zeros(count, np.int64), (send, [sizes[rank]] * p, sizes), expected
     # reducescatter: the tables show buf (reduced in place); rank r's own segment ends complete.
     buf = np.full(count, value(rank), np.int64)
     out = np.empty(sizes[rank], np.int64)
@@ -256,7 +263,8 @@ def explain(algorithm: str, p: int, count: int, *, collective: str = "allreduce"
             with the common signature ``fn(comm, buf, op, *, workspace, segment_bytes)``.
         p: number of ranks, 1..26.
         count: elements in the buffer (int64).
-        collective: allreduce, broadcast, allgather or reducescatter.
+        collective: allreduce, broadcast, allgather, reducescatter or alltoall (rank r sends
+            chunk r's size to every rank, so chunk j of every receive buffer comes from rank j).
         segment_bytes: pipeline segment passed to allreduce algorithms.
         node_size: for ``hierarchical``, pretend nodes of this many consecutive ranks (0: one node).
 
@@ -305,6 +313,6 @@ def model_terms(collective: str, algorithm: str, p: int) -> tuple[float, float, 
         return select.terms(algorithm, p)
     if collective == "broadcast":
         return (lg, lg, 0.0) if algorithm == "binomial" else (lg + p - 1, 2 * (p - 1) / p, 0.0)
-    if collective == "allgather":
+    if collective in ("allgather", "alltoall"):
         return p - 1, (p - 1) / p, 0.0
     return p - 1, (p - 1) / p, (p - 1) / p

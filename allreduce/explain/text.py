@@ -38,7 +38,8 @@ def message_text(trace: Trace, m: Message) -> str:
         a, n = trace.atoms[i]
         vals = dict.fromkeys(m.data[a - loc[1]:a - loc[1] + n].tolist())
         parts.append(" | ".join(letters(int(v), trace.labels[i]) for v in vals))
-    where = "" if loc is m.src_loc else "  (from scratch)"
+    where = "" if loc is m.src_loc else "  (from the send buffer)" if trace.collective == "alltoall" \
+        else "  (from scratch)"
     return f"{head}  {_names(trace, idx)}  {', '.join(parts)}{where}"
 
 
@@ -122,6 +123,9 @@ def render(trace: Trace, style: str = "table") -> str:
            "letters are ranks (a = rank 0, b = rank 1, ...), digits are chunks: a1+b1 is chunk 1 "
            "summed over ranks 0 and 1",
            f"chunks (element ranges): {legend or '(none)'}"]
+    if trace.collective == "alltoall":
+        out.insert(2, "the tables show each rank's receive buffer: chunk j there is rank j's block for "
+                      "that rank (c2 on rank 1 = what rank 2 sent rank 1)")
     if any(len({m.depth for m in msgs}) > 1 for msgs in trace.step_messages):
         out.append("a step in rounds: a rank sent round k's messages after a message of round k-1 reached it")
     out += ["", "start"]
