@@ -27,5 +27,6 @@ setup(
     entry_points={"console_scripts": [
         "allreduce-run=allreduce.run:main",
         "allreduce-explain=allreduce.explain.__main__:main",
+        "allreduce-cluster=allreduce.cluster.cli:main",
     ]},
 )

@@ -17,6 +17,7 @@ __all__ = [
     "ShutdownError",
     "StallError",
     "CompressionError",
+    "ClusterError",
 ]
 
 
@@ -65,3 +66,7 @@ class StallError(AllreduceError):
 
 class CompressionError(AllreduceError):
     """Compression produced a non-finite value (for example fp16 overflow)."""
+
+
+class ClusterError(AllreduceError):
+    """``allreduce-cluster`` could not make, use or remove its namespace hosts (allreduce/cluster/)."""

@@ -18,7 +18,9 @@ no system MPI is needed), and adds what a user would otherwise look up:
   process group is killed, so no rank is left orphaned.
 
 Across hosts it relies on mpirun's own host handling (``-H``,
-``--hostfile``). ``--dry-run`` prints the mpirun command instead of running it.
+``--hostfile``). ``--cluster`` launches over the namespace hosts of
+``allreduce-cluster up`` (allreduce/cluster/): ranks spread evenly, each
+host on its own cores. ``--dry-run`` prints the mpirun command instead of running it.
 The exit status is mpirun's: non-zero when any rank failed.
 """
 from __future__ import annotations
@@ -33,11 +35,14 @@ import sys
 import threading
 from pathlib import Path
 
+from .cluster.launch import command_for as cluster_command, split_flag as split_cluster_flag
 from .config import OPEN_MPI_DEFAULTS
+from .errors import ClusterError
 
 __all__ = ["build_command", "find_mpirun", "main"]
 
-USAGE = "usage: allreduce-run -np N [-H HOSTS] [--hostfile F] [--dry-run] [mpirun flags...] [--] COMMAND [ARGS...]"
+USAGE = ("usage: allreduce-run -np N [-H HOSTS] [--hostfile F] [--cluster[=PREFIX]] [--dry-run] [mpirun flags...] "
+         "[--] COMMAND [ARGS...]")
 _FORWARD_PREFIXES = ("ALLREDUCE_", "PYTHON", "TF_", "OMP_", "NUMBA_", "CUDA_", "KERAS_", "OMPI_MCA_")
 _FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH")
 # mpirun options that take values, so "--mca btl tcp,self" is not mistaken for the command.
@@ -140,11 +145,21 @@ def build_command(np_: int, passthrough: list[str], command: list[str], *, mpiru
 
 def main(argv: list[str] | None = None) -> int:
     np_, passthrough, command, dry = _parse(sys.argv[1:] if argv is None else argv)
-    cmd = build_command(np_, passthrough, command, mpirun=find_mpirun())
+    passthrough, cluster = split_cluster_flag(passthrough)
+    if cluster is None:
+        cmd = build_command(np_, passthrough, command, mpirun=find_mpirun())
+    else:                                            # over `allreduce-cluster up`'s hosts: allreduce/cluster/
+        try:
+            cmd = cluster_command(cluster, np_, passthrough, command, build=build_command, mpirun=find_mpirun(),
+                                  environ=dict(os.environ))
+        except ClusterError as exc:
+            raise SystemExit(f"allreduce-run: {exc}") from None
     if dry:
         print(shlex.join(cmd))
         return 0
     env = {**OPEN_MPI_DEFAULTS, **os.environ}       # the library's Open MPI settings, unless the user's
+    if cluster is not None:
+        env.pop("ALLREDUCE_FAKE_NODE_SIZE", None)    # the cluster's hosts are real nodes
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
