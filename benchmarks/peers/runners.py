@@ -14,7 +14,8 @@ shm-reg         shm on a registered buffer (``Communicator.shared_empty``): the
 ours            our broadcast / allgather / reducescatter (not allreduce)
 mpi4py          the MPI library called directly through mpi4py, no wrapper
 gloo            torch.distributed with the Gloo backend (when torch imports)
-horovod         horovod.torch (when horovod imports)
+horovod         horovod.torch (when horovod imports; Horovod through TensorFlow, in
+                its own venv, is peers/horovod_bench.py)
 ==============  ==============================================================
 
 A runner that cannot exist here raises :class:`Unavailable` with the reason,
@@ -260,7 +261,8 @@ def _horovod(ctx: Context):
     try:
         import horovod.torch as hvd
     except ImportError as exc:
-        raise Unavailable(f"horovod: horovod.torch is not importable ({exc})") from None
+        raise Unavailable(f"horovod: horovod.torch is not importable ({exc}); horovod.tensorflow is timed "
+                          "apart: benchmarks/peers/horovod_bench.py") from None
     hvd.init()
     if ctx.collective != "allreduce":
         raise Unavailable(f"horovod: only allreduce is benchmarked, not {ctx.collective}")
