@@ -31,7 +31,9 @@ def make_inputs(rng: np.random.Generator, p: int, count: int, dtype, op: Op) -> 
     dtype = np.dtype(dtype)
     out = []
     for _ in range(p):
-        if dtype.kind in "iu":
+        if dtype.kind == "b":
+            out.append(rng.integers(0, 2, count).astype(bool))
+        elif dtype.kind in "iu":
             lo, hi = (0, 4) if dtype.kind == "u" else (-3, 4)
             if op not in (Op.PRODUCT,):
                 lo, hi = (0, 200) if dtype.kind == "u" else (-100, 100)

@@ -9,7 +9,9 @@ kernel. int8 takes the same route: Open MPI 5.0's vectorised int8 sum
 saturates in its SIMD body but wraps in its scalar tail (3 ranks x 50 gave
 127 for the first elements of a 1000-element vector and -106 for the last),
 so the same call could return two different answers for one input.
-Average is MPI's sum followed by ``kernels.finish``.
+Average is MPI's sum followed by ``kernels.finish``. bool travels as
+``MPI.C_BOOL`` with the logical ops (Sum and Max ``MPI_LOR``, Min and
+Product ``MPI_LAND``): MPI defines no arithmetic on its logical type.
 
 Cost: whatever the library does; ``select`` fits it like any other.
 """
@@ -22,10 +24,13 @@ from ..buffers import Workspace
 from ..ops import Average, Op, Sum, bfloat16
 from ..transport.base import Transport
 from ..transport.mpi import MPI   # mpi4py's MPI, initialised with the transport's Open MPI settings
+from ..transport.liveness import raise_if_lost
 
 __all__ = ["allreduce"]
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.AVERAGE: MPI.SUM, Op.MIN: MPI.MIN, Op.MAX: MPI.MAX, Op.PRODUCT: MPI.PROD}
+_BOOL_OPS = {Op.SUM: MPI.LOR, Op.MAX: MPI.LOR, Op.MIN: MPI.LAND, Op.PRODUCT: MPI.LAND}
+_BOOL = np.dtype(np.bool_)
 _HALF_OPS: dict[tuple[str, Op], MPI.Op] = {}
 
 
@@ -60,9 +65,15 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     if buf.size == 0:
         return
     carrier = _USER_OP_DTYPES.get(buf.dtype)
-    if carrier is not None:
-        datatype, view = carrier
-        mpi_comm.Allreduce(MPI.IN_PLACE, [buf.view(view), datatype], op=_user_op(buf.dtype, op))
-    else:
-        mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
+    try:
+        if carrier is not None:
+            datatype, view = carrier
+            mpi_comm.Allreduce(MPI.IN_PLACE, [buf.view(view), datatype], op=_user_op(buf.dtype, op))
+        elif buf.dtype is _BOOL or buf.dtype == _BOOL:
+            mpi_comm.Allreduce(MPI.IN_PLACE, [buf, MPI.C_BOOL], op=_BOOL_OPS[op])
+        else:
+            mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
+    except MPI.Exception as exc:       # ULFM (--elastic): a rank died during the call
+        raise_if_lost(exc, mpi_comm, comm.rank, "was in MPI_Allreduce")
+        raise
     kernels.finish(buf, op, comm.size)

@@ -39,6 +39,9 @@ _PUSH = {1: {Op.SUM: fused.sum_push, Op.AVERAGE: fused.sum_push, Op.PRODUCT: fus
              Op.MIN: fused.min_push, Op.MAX: fused.max_push, "int": fused.int_sum_push},
          3: {Op.SUM: fused.sum3_push, Op.AVERAGE: fused.sum3_push, Op.PRODUCT: fused.prod3_push,
              Op.MIN: fused.min3_push, Op.MAX: fused.max3_push, "int": fused.int_sum3_push}}
+# _BOOL_AVERAGE: the API refuses Average of bool (ops.check_dtype). Below it, the kernels treat it
+# as Sum (logical or; the fused kernels' divide leaves a nonzero sum nonzero), so an algorithm
+# handed one still gives every rank the same bits, and the reference says the same.
 #: reduce_push_into's fallback works through this much at a time, so the result is still in the
 #: core's L2 (1 MiB per core on the development VM) when it is copied into the operands.
 PUSH_CHUNK_BYTES = 256 << 10
@@ -47,7 +50,10 @@ _BOTH = {Op.SUM: cpu.sum_into_both, Op.PRODUCT: cpu.prod_into_both, Op.MIN: cpu.
 # The hot paths compare against the module names ``Sum`` and ``Average``, never ``Op.AVERAGE``: on
 # Python 3.11 an enum member looked up on its class costs ~0.12 us (a descriptor), a tenth of
 # a small-message swap, paid once or twice per reduction call.
-_NATIVE_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8))
+# bool goes through the same kernels: numba adds and multiplies bools as integers and the store
+# turns the result back into a bool (nonzero -> True), so Sum is or and Product is and.
+_NATIVE_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8,
+                                                 np.uint16, np.int16, np.bool_))
 
 
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: Op) -> None:
@@ -89,6 +95,8 @@ def reduce_finish_into(dst: np.ndarray, src: np.ndarray, op: Op, nranks: int) ->
         half.reduce_half_into(dst.view(np.uint16), src.view(np.uint16), int(Average), nranks, *fmt.args)
     elif dst.dtype.kind == "f":
         cpu.sum_avg_into(dst, src, nranks)
+    elif dst.dtype.kind == "b":
+        cpu.sum_into(dst, src)                           # bool: see _BOOL_AVERAGE
     else:
         cpu.int_sum_avg_into(dst, src, nranks)
 
@@ -102,8 +110,10 @@ def reduce_finish_into_both(dst: np.ndarray, src: np.ndarray, out: np.ndarray, o
         return False
     if dst.size == 0:
         return True
-    if op == Average:
+    if op == Average and dst.dtype.kind != "b":         # bool: see _BOOL_AVERAGE
         (cpu.sum_avg_into_both if dst.dtype.kind == "f" else cpu.int_sum_avg_into_both)(dst, src, out, nranks)
+    elif op == Average:
+        cpu.sum_into_both(dst, src, out)
     else:
         _BOTH[op](dst, src, out)
     return True
@@ -183,8 +193,8 @@ def reduce_finish_split_into(dst: np.ndarray, src: np.ndarray, lo: int, hi: int,
     """The last reduction with ``dst`` the first operand on ``[lo, hi)`` and ``src`` first elsewhere,
     in one pass; True if done. float16 and bfloat16 return False (reduce the pieces one by one)."""
     kind = dst.dtype.kind
-    if kind in "iu" and dst.dtype in _NATIVE_DTYPES:
-        reduce_finish_into(dst, src, op, nranks)        # integer ops are exactly commutative
+    if kind in "iub" and dst.dtype in _NATIVE_DTYPES:
+        reduce_finish_into(dst, src, op, nranks)        # integer and bool ops are exactly commutative
         return True
     if dst.dtype not in _NATIVE_DTYPES:
         return False
@@ -205,7 +215,7 @@ def finish(buf: np.ndarray, op: Op, nranks: int) -> None:
         half.avg_half_inplace(buf.view(np.uint16), nranks, *fmt.args)
     elif buf.dtype.kind == "f":
         cpu.avg_inplace(buf, nranks)
-    else:
+    elif buf.dtype.kind != "b":                          # bool: see _BOOL_AVERAGE
         cpu.int_avg_inplace(buf, nranks)
 
 

@@ -29,7 +29,8 @@ def _int_average(total: np.ndarray, p: int) -> np.ndarray:
 
 def allreduce_reference(inputs: list[np.ndarray], op: Op) -> np.ndarray:
     """What every rank should hold. Floats are reduced in float64 and cast back at the end;
-    integers are reduced in their own dtype, so wrap-around is part of the answer."""
+    integers are reduced in their own dtype, so wrap-around is part of the answer; bools by
+    numpy's bool ufuncs (add and maximum: or; multiply and minimum: and)."""
     p = len(inputs)
     dtype = inputs[0].dtype
     if dtype.kind == "f" or dtype.name == "bfloat16":
@@ -42,12 +43,12 @@ def allreduce_reference(inputs: list[np.ndarray], op: Op) -> np.ndarray:
     out = inputs[0].copy()
     for x in inputs[1:]:
         out = reduce_pair(out, x, op)
-    return _int_average(out, p) if op == Op.AVERAGE else out
+    return _int_average(out, p) if (op == Op.AVERAGE and dtype.kind != "b") else out
 
 
 def tolerance(dtype, p: int, op: Op) -> float:
     """Relative tolerance for comparing a float result with the float64 reference."""
-    if op in (Op.MIN, Op.MAX) or np.dtype(dtype).kind in "iu":
+    if op in (Op.MIN, Op.MAX) or np.dtype(dtype).kind in "iub":
         return 0.0
     eps = float(np.finfo(dtype).eps)
     return eps * (p + 2) * (p if op == Op.PRODUCT else 1) * 2

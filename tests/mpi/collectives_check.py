@@ -35,6 +35,8 @@ def my_input(count: int, dtype, op: Op, seed: int) -> np.ndarray:
     """This rank's input: values that keep Product and integer sums meaningful."""
     rng = np.random.default_rng(seed * 100 + me)
     dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, count).astype(bool)
     if dtype.kind in "iu":
         lo, hi = (0, 200) if dtype.kind == "u" else (-100, 100)
         if op == Op.PRODUCT:
@@ -86,7 +88,8 @@ def check_rhd(transport: MPITransport) -> None:
     # each extra (kernel, dtype) pair costs every process a numba cache load at startup.
     others = (Op.AVERAGE, Op.MIN, Op.MAX, Op.PRODUCT)
     cases = [(d, Op.SUM) for d in SUPPORTED_DTYPES] + \
-        [(np.dtype(d), op) for d in (np.float32, np.float16, np.int32) for op in others]
+        [(np.dtype(d), op) for d in (np.float32, np.float16, np.int32) for op in others] + \
+        [(np.dtype(bool), Op.MIN)]                  # MPI_LAND (Sum above: MPI_LOR)
     for dtype, op in cases:
         for count in (0, 1, 7, 30011):
             x = my_input(count, dtype, op, seed=count)
