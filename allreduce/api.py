@@ -61,7 +61,7 @@ def init(comm=None, **settings: Any) -> Communicator:
     # Small swaps through shared memory where the job is one node, and not one standing in for
     # several (fake nodes; --mca btl tcp,self): allreduce/transport/mailbox.py.
     mailbox = config.shm_p2p and not config.fake_node_size
-    transport = MPITransport(comm, timeout=config.timeout, mailbox=mailbox)
+    transport = MPITransport(comm, timeout=config.timeout, mailbox=mailbox, elastic=config.elastic)
     transport.fake_node_size = config.fake_node_size      # hierarchical's node layout, for testing
     local_rank, local_size = _node_layout(transport.comm, config.fake_node_size)
     from . import faults
@@ -77,7 +77,7 @@ def init(comm=None, **settings: Any) -> Communicator:
                                  "ALLREDUCE_ENGINE=0 to run without the engine.")
         try:   # its own duplicate communicator: engine messages never match the direct path's
             engine_transport = MPITransport(transport.comm, timeout=config.timeout, spins=ENGINE_SPINS,
-                                            max_pause=ENGINE_MAX_PAUSE, mailbox=mailbox)
+                                            max_pause=ENGINE_MAX_PAUSE, mailbox=mailbox, elastic=config.elastic)
             engine_transport.fake_node_size = config.fake_node_size
             _engine = Engine(engine_transport, config=config, local_size=local_size)
         except BaseException:

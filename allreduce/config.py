@@ -24,6 +24,9 @@ ALLREDUCE_TIMELINE                 timeline (path)               "" (off)
 ALLREDUCE_DEVICE                   device (CUDA device id)       -1 (local_rank % GPUs)
 ALLREDUCE_CUDA_IPC                 cuda_ipc                      0
 ALLREDUCE_CUDA_AWARE_MPI           cuda_aware_mpi                auto (1 / 0 force)
+ALLREDUCE_ELASTIC                  elastic                       0 (allreduce-run --elastic sets 1)
+ALLREDUCE_ELASTIC_MIN_NP           elastic_min_np                1 (--min-np)
+ALLREDUCE_ELASTIC_MAX_NP           elastic_max_np                0 (--max-np; 0: the starting size)
 =================================  ============================  ===========
 
 The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
@@ -94,6 +97,9 @@ class Config:
     device: int = -1                 #: CUDA device of this rank (-1: local_rank % number of GPUs)
     cuda_ipc: bool = False           #: one node: reduce straight from peers' GPU buffers (CUDA IPC)
     cuda_aware_mpi: str = "auto"     #: "auto" detects; "1"/"0" force device buffers to MPI or not
+    elastic: bool = False            #: ULFM job: waits notice dead peers (allreduce/elastic/)
+    elastic_min_np: int = 1          #: below this many ranks an elastic job stops
+    elastic_max_np: int = 0          #: an elastic job regrows up to this many ranks (0: no regrow)
 
     _ENV = {
         "algorithm": "ALLREDUCE_ALGORITHM",
@@ -114,6 +120,9 @@ class Config:
         "device": "ALLREDUCE_DEVICE",
         "cuda_ipc": "ALLREDUCE_CUDA_IPC",
         "cuda_aware_mpi": "ALLREDUCE_CUDA_AWARE_MPI",
+        "elastic": "ALLREDUCE_ELASTIC",
+        "elastic_min_np": "ALLREDUCE_ELASTIC_MIN_NP",
+        "elastic_max_np": "ALLREDUCE_ELASTIC_MAX_NP",
     }
 
     def __post_init__(self):

@@ -18,7 +18,9 @@ no system MPI is needed), and adds what a user would otherwise look up:
   process group is killed, so no rank is left orphaned.
 
 Across hosts it relies on mpirun's own host handling (``-H``,
-``--hostfile``). ``--cluster`` launches over the namespace hosts of
+``--hostfile``). ``--elastic [--min-np M] [--max-np K]`` starts a job that
+survives the death of ranks (Open MPI's ULFM; allreduce/elastic/launch.py).
+``--cluster`` launches over the namespace hosts of
 ``allreduce-cluster up`` (allreduce/cluster/): ranks spread evenly, each
 host on its own cores. ``--dry-run`` prints the mpirun command instead of running it.
 The exit status is mpirun's: non-zero when any rank failed.
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from .cluster.launch import command_for as cluster_command, split_flag as split_cluster_flag
 from .config import OPEN_MPI_DEFAULTS
+from .elastic import launch as elastic_launch
 from .errors import ClusterError
 
 __all__ = ["build_command", "find_mpirun", "main"]
@@ -145,6 +148,10 @@ def build_command(np_: int, passthrough: list[str], command: list[str], *, mpiru
 
 def main(argv: list[str] | None = None) -> int:
     np_, passthrough, command, dry = _parse(sys.argv[1:] if argv is None else argv)
+    passthrough, elastic = elastic_launch.split_flags(passthrough)   # --elastic: allreduce/elastic/launch.py
+    if elastic is not None:
+        os.environ.update(elastic_launch.environment(elastic, dict(os.environ)))
+        passthrough = elastic_launch.mpirun_flags(elastic, np_, passthrough) + passthrough
     passthrough, cluster = split_cluster_flag(passthrough)
     if cluster is None:
         cmd = build_command(np_, passthrough, command, mpirun=find_mpirun())
@@ -196,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     relay_thread.join(5)
+    if elastic is not None:            # the ranks' own account: who died, when, the size at the end
+        summary = elastic_launch.Summary(np_)
+        for line in seen:
+            summary.feed(line)
+        text, code = summary.report(code)
+        sys.stderr.write(text + "\n")
+        return code
     if code != 0:
         rank, detail = failed_rank(seen)
         who = "a rank failed" if rank is None else f"rank {rank} failed first" + (f" ({detail})" if detail else "")

@@ -50,6 +50,7 @@ from .ops import (Average, Compression, Max, Min, Sum, XlaNotSupportedError, all
                   allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce)
 from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape
+from . import elastic   # hvd.elastic: run, TensorFlowKerasState, TensorFlowState (issue 25)
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Sum", "Average", "Min", "Max", "Compression", "allreduce", "grouped_allreduce", "allgather",

@@ -108,9 +108,11 @@ class Mailbox:
         self._recvd = [0] * size
 
     @classmethod
-    def create(cls, comm, *, timeout: float, limit: int | None = None, spins: int = _SPINS) -> "Mailbox | None":
+    def create(cls, comm, *, timeout: float, limit: int | None = None, spins: int = _SPINS,
+               alive=None) -> "Mailbox | None":
         """Build the mailboxes of ``comm`` (an mpi4py communicator; collective), or None where its
-        ranks do not all share one node."""
+        ranks do not all share one node. ``alive``: a :class:`~allreduce.transport.liveness.Liveness`
+        (``--elastic``): the slow wait then also raises ``PeerLostError`` when a peer died."""
         from mpi4py import MPI
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         size = comm.Get_size()
@@ -124,7 +126,7 @@ class Mailbox:
         win.Lock_all(MPI.MODE_NOCHECK)           # one passive epoch: Win.Sync needs it
         rank = node.Get_rank()
         # All ranks on one node, split with one key: the node's ranks are the communicator's.
-        box = cls(win, node, rank, size, limit, timeout, comm.Iprobe, spins)
+        box = cls(win, node, rank, size, limit, timeout, comm.Iprobe if alive is None else alive.progress, spins)
         for seq, _, _ in box._out:
             seq[0] = 0
         for _, ack, _ in box._in:

@@ -32,6 +32,7 @@ from mpi4py import MPI  # noqa: E402  (after the settings above, which MPI_Init 
 
 from ..errors import TransportTimeoutError
 from .base import Transport
+from .liveness import Liveness, raise_if_lost
 from .mailbox import Mailbox
 
 __all__ = ["MPITransport"]
@@ -71,19 +72,24 @@ class _Request:
 
     def wait(self) -> None:
         raw = self.raw
-        for _ in range(self.transport.spins):
-            if raw.Test():
-                return
-        self.transport._wait_slow(raw.Test, [self])
+        try:                                   # free until it raises (Python 3.11's zero-cost try)
+            for _ in range(self.transport.spins):
+                if raw.Test():
+                    return
+            self.transport._wait_slow(raw.Test, [self])
+        except MPI.Exception as exc:           # ULFM (--elastic): a dead peer, a revoked communicator
+            raise_if_lost(exc, self.transport.comm, self.transport.rank)
+            raise
 
 
 class MPITransport(Transport):
     """Point-to-point messaging over ``comm`` (default ``COMM_WORLD``)."""
 
     def __init__(self, comm: MPI.Comm | None = None, *, dup: bool = True, timeout: float = 30.0,
-                 spins: int = SPINS, max_pause: float = 1e-3, mailbox: bool = False):
+                 spins: int = SPINS, max_pause: float = 1e-3, mailbox: bool = False, elastic: bool = False):
         """``mailbox``: carry small :meth:`exchange` calls through shared memory where every rank
-        shares one node (:mod:`allreduce.transport.mailbox`; collective: built here, at once)."""
+        shares one node (:mod:`allreduce.transport.mailbox`; collective: built here, at once).
+        ``elastic``: waits notice a dead peer and raise ``PeerLostError`` (:mod:`.liveness`; ULFM)."""
         base = MPI.COMM_WORLD if comm is None else comm
         self.comm = base.Dup() if dup else base
         self._owned = dup
@@ -93,12 +99,17 @@ class MPITransport(Transport):
         self.spins = spins
         self.max_pause = max_pause        # the longest sleep between polls once the spin is over
         self._isendrecv = _has_isendrecv()
-        self.mailbox = Mailbox.create(self.comm, timeout=timeout, spins=spins) if mailbox else None
+        self.liveness = Liveness(self.comm, self.rank) if elastic else None
+        self.mailbox = Mailbox.create(self.comm, timeout=timeout, spins=spins, alive=self.liveness) \
+            if mailbox else None
 
     def _wait_slow(self, done, requests) -> None:
         deadline = time.monotonic() + self.timeout
         pause = 0.0
+        alive = self.liveness
         while not done():
+            if alive is not None:
+                alive.check()                 # --elastic: a dead peer raises PeerLostError (liveness.py)
             if time.monotonic() > deadline:
                 stuck = [r for r in requests if not r.raw.Test()] or requests
                 peers = ", ".join(f"{r.kind} rank {r.peer}" for r in stuck[:4])
@@ -110,28 +121,40 @@ class MPITransport(Transport):
             pause = min(pause * 2 or 1e-5, self.max_pause)
 
     def isend(self, buf, dest, tag=0):
-        return _Request(self.comm.Isend([buf, _BYTE], dest, tag), self, dest, "send to")
+        try:
+            return _Request(self.comm.Isend([buf, _BYTE], dest, tag), self, dest, "send to")
+        except MPI.Exception as exc:           # ULFM: the communicator was revoked
+            raise_if_lost(exc, self.comm, self.rank)
+            raise
 
     def irecv(self, buf, source, tag=0):
-        return _Request(self.comm.Irecv([buf, _BYTE], source, tag), self, source,
-                        "receive from")
+        try:
+            return _Request(self.comm.Irecv([buf, _BYTE], source, tag), self, source,
+                            "receive from")
+        except MPI.Exception as exc:
+            raise_if_lost(exc, self.comm, self.rank)
+            raise
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
         # The latency path (rd, the last steps of rhd): one MPI-4 MPI_Isendrecv where the library
         # has it (one call and one request instead of two: ~0.5 us of a ~5 us exchange), and
         # request objects for the timeout message only if the spin runs out.
-        comm = self.comm
-        if self._isendrecv:
-            raw = comm.Isendrecv([sendbuf, _BYTE], dest, tag, [recvbuf, _BYTE], source, tag)
-            test = raw.Test
-            for _ in range(self.spins):               # spun here, not in _wait_raw: a call and a
-                if test():                            # closure cost ~0.4 us of a ~1.5 us exchange
-                    return
-            self._wait_slow(test, [_Request(raw, self, source, "receive from"), _Request(raw, self, dest, "send to")])
-            return
-        raws = [comm.Irecv([recvbuf, _BYTE], source, tag), comm.Isend([sendbuf, _BYTE], dest, tag)]
-        self._wait_raw(raws, lambda: [_Request(raws[0], self, source, "receive from"),
-                                      _Request(raws[1], self, dest, "send to")])
+        try:
+            comm = self.comm
+            if self._isendrecv:
+                raw = comm.Isendrecv([sendbuf, _BYTE], dest, tag, [recvbuf, _BYTE], source, tag)
+                test = raw.Test
+                for _ in range(self.spins):               # spun here, not in _wait_raw: a call and a
+                    if test():                            # closure cost ~0.4 us of a ~1.5 us exchange
+                        return
+                self._wait_slow(test, [_Request(raw, self, source, "receive from"), _Request(raw, self, dest, "send to")])
+                return
+            raws = [comm.Irecv([recvbuf, _BYTE], source, tag), comm.Isend([sendbuf, _BYTE], dest, tag)]
+            self._wait_raw(raws, lambda: [_Request(raws[0], self, source, "receive from"),
+                                          _Request(raws[1], self, dest, "send to")])
+        except MPI.Exception as exc:           # ULFM (--elastic): a dead peer, a revoked communicator
+            raise_if_lost(exc, self.comm, self.rank)
+            raise
 
     def exchange(self, sendbuf, recvbuf, peer, tag=0):
         # Each direction by its own size: a small one through the mailbox, a large one on MPI.
@@ -161,16 +184,25 @@ class MPITransport(Transport):
         """Spin on ``Testall``, then the bounded slow wait; ``described()`` names the requests for
         the timeout message (built only then)."""
         test = raws[0].Test if len(raws) == 1 else functools.partial(MPI.Request.Testall, raws)
-        for _ in range(self.spins):
-            if test():
-                return
-        self._wait_slow(test, described())
+        try:
+            for _ in range(self.spins):
+                if test():
+                    return
+            self._wait_slow(test, described())
+        except MPI.Exception as exc:           # ULFM (--elastic): a dead peer, a revoked communicator
+            raise_if_lost(exc, self.comm, self.rank)
+            raise
 
     def barrier(self) -> None:
         request = _Request(self.comm.Ibarrier(), self, -1, "barrier with")
         request.wait()
 
     def close(self) -> None:
+        if self.liveness is not None and self.liveness.broken():
+            # A rank died: freeing is collective and would wait for it. Leave the window and the
+            # communicator to MPI_Finalize (elastic recovery builds new ones: allreduce/elastic/).
+            self.mailbox, self._owned = None, False
+            return
         if self.mailbox is not None:
             self.mailbox.close()
             self.mailbox = None

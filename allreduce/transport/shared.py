@@ -95,6 +95,7 @@ class SharedSegment:
         self.timeout = timeout
         self.seq = int(flags[rank][0])   # resume where a previous handle of this rank stopped
         self.broken: str | None = None
+        self._alive = None               # --elastic: the transport's Liveness (dead peers raise)
         # More ranks than cores: the peer we wait for needs our core, so stop polling sooner.
         self._yields = _YIELDS if size <= _CORES else _SPINS + 20
 
@@ -163,8 +164,17 @@ class SharedSegment:
                 os.sched_yield()
                 continue
             time.sleep(_SLEEP)
+            if self._alive is not None:
+                self._check_alive(rank)
             if time.monotonic() > deadline:
                 self._timeout(rank, value)
+
+    def _check_alive(self, rank: int) -> None:
+        try:
+            self._alive.check(f"waited for rank {rank} in a shared segment")
+        except PeerLostError as exc:
+            self.broken = str(exc)
+            raise
 
     def _timeout(self, rank: int, value: int) -> None:
         self.broken = f"timed out waiting for rank {rank}"
@@ -284,7 +294,9 @@ def _build(comm, nbytes: int, key=None) -> SharedSegment:
         state = _thread_state(world, members, nbytes, key)
         return _ThreadSegment(comm.rank, state, getattr(world, "timeout", WAIT_TIMEOUT), world)
     if hasattr(comm, "comm"):
-        return _MPISegment(comm.comm, nbytes, getattr(comm, "timeout", WAIT_TIMEOUT))
+        seg = _MPISegment(comm.comm, nbytes, getattr(comm, "timeout", WAIT_TIMEOUT))
+        seg._alive = getattr(comm, "liveness", None)
+        return seg
     raise ValueError(f"{type(comm).__name__} offers no shared memory: shared-memory algorithms "
                      "need the MPI transport or the in-process thread transport")
 

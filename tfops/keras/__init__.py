@@ -15,6 +15,7 @@ from .. import (Average, Compression, DistributedOptimizer, GradientHooks, Max, 
                 broadcast_variables, grouped_allreduce, init, is_initialized, local_rank, local_size, rank,
                 shutdown, size)
 from . import callbacks
+from . import elastic   # hvd.elastic: KerasState and the three callbacks (issue 25)
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Sum", "Average", "Min", "Max", "Compression", "allreduce", "grouped_allreduce", "allgather",

@@ -1,0 +1,43 @@
+"""Elastic training: a rank dies, the survivors shrink, restore the last commit and go on.
+
+Horovod's elastic API on plain MPI (Open MPI's ULFM), started with
+``allreduce-run --elastic -np N [--min-np M] python train.py``::
+
+    import allreduce as ar
+    from allreduce import elastic
+
+    ar.init()
+    state = elastic.ObjectState(epoch=0, step=0, w=np.zeros(10))
+
+    @elastic.run
+    def train(state):
+        while state.step < 100:
+            grad = ar.allreduce(compute_gradient(state.w, ar.rank(), ar.size()))
+            state.w -= 0.1 * grad
+            state.step += 1
+            if state.step % 10 == 0:
+                state.commit()
+
+    train(state)
+
+* :mod:`.state`: :class:`State`, :class:`ObjectState` (commit, restore, sync,
+  reset callbacks).
+* :mod:`.recovery`: :func:`run` (restore, revoke + shrink, rebuild, reset, sync,
+  call again).
+* :mod:`.launch`: what ``allreduce-run --elastic`` adds to the mpirun command and
+  how it summarises the job.
+
+Detection of a dead peer is the transport's: :mod:`allreduce.transport.liveness`.
+See docs/11-when-a-rank-dies.md.
+"""
+from .state import ObjectState, State
+
+__all__ = ["run", "State", "ObjectState"]
+
+
+def __getattr__(name: str):
+    # run is loaded on first use: it starts MPI, which allreduce-run (importing .launch) must not
+    if name == "run":
+        from .recovery import run
+        return run
+    raise AttributeError(f"module 'allreduce.elastic' has no attribute {name!r}")

@@ -1,0 +1,112 @@
+"""``allreduce-run --elastic``: what the launcher adds for an elastic job, and its summary.
+
+::
+
+    allreduce-run --elastic -np 4 --min-np 2 python train.py
+
+becomes ``mpirun -np 4 --with-ft ulfm --mca btl tcp,self ... python train.py``
+with ``ALLREDUCE_ELASTIC=1`` (waits notice dead peers, ``allreduce.elastic.run``
+may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2`` and ``ALLREDUCE_SHM_P2P=1``:
+
+* ``--with-ft ulfm``: Open MPI's fault tolerance. Without it a dead rank makes
+  mpirun terminate the job.
+* ``--mca btl tcp,self``: Open MPI's shared-memory BTL (``sm``) does not report a
+  dead peer; the survivors hung in ``MPI_Comm_shrink`` over it (by hand, Open MPI
+  5.0.11). Only MPI's own messages move to TCP: the library's shared-memory paths
+  (the ``shm`` algorithm's windows, the mailboxes, turned back on with
+  ``ALLREDUCE_SHM_P2P=1``) use MPI-3 shared windows, not the BTL, and notice a dead
+  peer themselves (:mod:`allreduce.transport.liveness`).
+
+The ranks write ``allreduce-elastic:`` lines to stderr (:mod:`.recovery`); the
+launcher relays them and ends with one summary line: which ranks died, when,
+and the size the job finished at. It exits 0 when the job finished, even
+though ranks died on the way, and non-zero when it fell below ``--min-np``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "MARK", "BELOW_MIN_EXIT"]
+
+MARK = "allreduce-elastic:"       #: the prefix of the lines the ranks write and the launcher reads
+BELOW_MIN_EXIT = 3                #: exit status of every survivor when the job falls below --min-np
+
+_DIED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) died \(noticed at ([\d:.]+ UTC)\); going on with (\d+)")
+_FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
+_BELOW = re.compile(re.escape(MARK) + r" below --min-np")
+
+
+@dataclass
+class ElasticOptions:
+    min_np: int = 1
+    max_np: int = 0
+
+
+def split_flags(args: list[str]) -> tuple[list[str], ElasticOptions | None]:
+    """Take ``--elastic``, ``--min-np M`` and ``--max-np K`` out of the mpirun flags."""
+    rest, options, elastic = [], ElasticOptions(), False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--elastic":
+            elastic, i = True, i + 1
+        elif arg in ("--min-np", "--max-np"):
+            if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) < 1:
+                raise SystemExit(f"allreduce-run: {arg} needs a positive integer")
+            setattr(options, arg[2:].replace("-", "_"), int(args[i + 1]))
+            i += 2
+        else:
+            rest.append(arg)
+            i += 1
+    if not elastic and (options.min_np != 1 or options.max_np):
+        raise SystemExit("allreduce-run: --min-np and --max-np apply to an elastic job: add --elastic")
+    return rest, options if elastic else None
+
+
+def mpirun_flags(options: ElasticOptions, np_: int, passthrough: list[str]) -> list[str]:
+    """mpirun flags for ULFM (a user's own ``--mca btl`` wins)."""
+    if options.min_np > np_:
+        raise SystemExit(f"allreduce-run: --min-np {options.min_np} is more than -np {np_}")
+    flags = ["--with-ft", "ulfm"]
+    if not any(passthrough[i] == "--mca" and passthrough[i + 1] == "btl" for i in range(len(passthrough) - 1)):
+        flags += ["--mca", "btl", "tcp,self"]
+    return flags
+
+
+def environment(options: ElasticOptions, environ: dict[str, str]) -> dict[str, str]:
+    """The ``ALLREDUCE_*`` settings an elastic job's ranks read (``allreduce.config``)."""
+    env = {"ALLREDUCE_ELASTIC": "1", "ALLREDUCE_ELASTIC_MIN_NP": str(options.min_np),
+           "ALLREDUCE_ELASTIC_MAX_NP": str(options.max_np)}
+    if "ALLREDUCE_SHM_P2P" not in environ:
+        env["ALLREDUCE_SHM_P2P"] = "1"     # mailboxes on, though the BTL is tcp,self (see the module doc)
+    return env
+
+
+@dataclass
+class Summary:
+    """What the ranks reported, read from their stderr line by line."""
+
+    start: int
+    deaths: list[tuple[str, str]] = field(default_factory=list)   # (ranks, when)
+    finished: int | None = None
+    below: bool = False
+
+    def feed(self, line: str) -> None:
+        if MARK not in line:
+            return
+        if (m := _DIED.search(line)) is not None:
+            self.deaths.append((m.group(1), m.group(2)))
+        elif (m := _FINISHED.search(line)) is not None:
+            self.finished = int(m.group(1))
+        elif _BELOW.search(line):
+            self.below = True
+
+    def report(self, code: int) -> tuple[str, int]:
+        """The launcher's last line and its exit status, given mpirun's."""
+        died = "; ".join(f"rank(s) {ranks} died at {when}" for ranks, when in self.deaths) or "no rank died"
+        if self.below:
+            return (f"allreduce-run: elastic job stopped below --min-np: {died}", code or BELOW_MIN_EXIT)
+        if self.finished is not None:
+            return (f"allreduce-run: elastic job finished with {self.finished} of {self.start} ranks; {died}", 0)
+        return (f"allreduce-run: elastic job did not finish (mpirun exited with {code}); {died}", code or 1)

@@ -1,0 +1,199 @@
+"""``run(func)``: call a training function again, on the survivors, after a rank dies (ULFM).
+
+::
+
+    run(train)(state)
+      loop:
+        state.sync()                 every rank starts from rank 0's last commit
+        train(state)                 ... commit() ... commit() ...   -> return: done
+        a peer died (PeerLostError, or ULFM's MPI error) on this rank:
+          1. state.restore()         back to this rank's last commit
+          2. revoke, shrink          MPI_Comm_revoke on every communicator of the library and
+                                     the world (so every survivor stops waiting, wherever it
+                                     was), then MPI_Comm_shrink: a new world of the survivors,
+                                     the same on every one of them
+          3. rebuild                 ar.shutdown(); ar.init(comm=shrunk): a new engine,
+                                     negotiation cache, auto's picks, shm windows and mailboxes;
+                                     ar.rank(), size(), local_rank(), local_size() are new
+          4. reset callbacks         the user re-shards data, rescales the learning rate
+          5. (loop) sync from the new rank 0, call train again
+
+Detection is the transport's (:mod:`allreduce.transport.liveness`): every wait
+of the library raises ``PeerLostError`` within ~10 ms of MPI learning of the
+death. A second death during recovery (in shrink, in the rebuild) starts the
+recovery again from step 2. Below ``--min-np`` every survivor stops with exit
+status 3, naming the dead ranks and the last commit.
+
+The new rank 0 writes one ``allreduce-elastic:`` line per recovery to stderr
+(which ranks died, when, the new size); ``allreduce-run --elastic`` collects
+them into its summary. Ranks are named by their rank in the world the job
+started with. The phases' times of the last recovery are in :data:`last_recovery`
+(``benchmarks/elastic_bench.py`` reads them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from typing import Any, Callable
+
+from .. import api, faults
+from ..errors import AllreduceError
+from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
+from ..transport.liveness import is_peer_failure
+from .launch import BELOW_MIN_EXIT, MARK
+from .state import State
+
+__all__ = ["run", "run_with", "last_recovery", "deaths", "BELOW_MIN_EXIT", "MARK"]
+
+last_recovery: dict[str, float] = {}     #: wall-clock times of the last recovery's phases
+deaths: list[tuple[float, list[int]]] = []   #: (when noticed, world ranks) for every recovery
+
+_base = None                      # the communicator the library was last initialised on
+_origin: list[int] = []           # the starting world's rank of each rank of _base
+_start_size = 0
+
+
+def _world():
+    """The communicator to shrink (the same on every survivor), set up on first use."""
+    global _base, _origin, _start_size
+    if _base is None:
+        _base = MPI.COMM_WORLD
+        _origin = list(range(_base.Get_size()))
+        _start_size = _base.Get_size()
+    return _base
+
+
+def run(func: Callable) -> Callable:
+    """Decorate ``func(state, *args, **kwargs)`` so it survives the death of ranks (Horovod's ``run``).
+
+    Args:
+        func: the training function; its first argument is a :class:`~allreduce.elastic.State`.
+            It should call ``state.commit()`` every few steps.
+
+    Returns:
+        A function with the same arguments that syncs the state from rank 0, calls ``func``,
+        and after a peer's death restores, shrinks, rebuilds, resets and calls it again.
+    """
+    return run_with(func, is_failure=is_peer_failure)
+
+
+def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> Callable:
+    """:func:`run` with another test of what counts as a peer's death (tfops: TensorFlow's
+    wrapping of the library's errors)."""
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any):
+        _world()
+        while True:
+            try:
+                state.sync()
+                last_recovery.setdefault("synced", time.time())
+                result = func(state, *args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - anything but a death goes on up unchanged
+                if not is_failure(exc) or not _elastic():
+                    raise
+                caught = time.time()
+                state.restore()
+                recover(state, caught)
+                state.on_reset()
+                continue
+            if api.rank() == 0:
+                _say(f"run({getattr(func, '__name__', 'func')}) finished with {api.size()} ranks "
+                     f"(started with {_start_size})")
+            return result
+    return wrapper
+
+
+def _elastic() -> bool:
+    """Whether this job may shrink (allreduce-run --elastic: ULFM); otherwise a death ends it."""
+    if _base is not MPI.COMM_WORLD:
+        return True                          # it has shrunk before
+    return api.is_initialized() and api.communicator().config.elastic
+
+
+def recover(state: State, caught: float) -> None:
+    """Steps 2 and 3 of the module doc: revoke, shrink, rebuild (again if another rank dies)."""
+    global _base, _origin
+    settings = dataclasses.asdict(api.communicator().config) if api.is_initialized() else _settings
+    last_recovery.clear()
+    last_recovery["caught"] = caught
+    while True:
+        old = _world()
+        _revoke(old)
+        _quiet_shutdown()
+        new = old.Shrink()
+        last_recovery["shrunk"] = time.time()
+        group, old_group = new.Get_group(), old.Get_group()
+        kept = MPI.Group.Translate_ranks(group, list(range(new.Get_size())), old_group)
+        group.Free()
+        old_group.Free()
+        dead = [r for i, r in enumerate(_origin) if i not in kept]
+        _base, _origin = new, [_origin[i] for i in kept]
+        deaths.append((caught, dead))
+        if new.Get_size() < settings.get("elastic_min_np", 1):
+            _stop(dead, new.Get_size(), settings["elastic_min_np"], state)
+        try:
+            faults.uninstall()               # it names the rank and size: installed again by init
+            api.init(comm=new, **settings)
+        except BaseException as exc:  # noqa: BLE001
+            if not is_peer_failure(exc):
+                raise
+            _remember(settings)
+            continue                         # another rank died while we rebuilt: shrink again
+        last_recovery["rebuilt"] = time.time()
+        last_recovery.pop("synced", None)
+        _remember(settings)
+        if api.rank() == 0:
+            when = time.strftime("%H:%M:%S", time.gmtime(caught)) + f".{int(caught % 1 * 1000):03d}"
+            _say(f"rank(s) {', '.join(map(str, dead))} died (noticed at {when} UTC); going on with "
+                 f"{api.size()} of {_start_size} ranks from {state.describe()}; shrink "
+                 f"{last_recovery['shrunk'] - caught:.3f} s, rebuild "
+                 f"{last_recovery['rebuilt'] - last_recovery['shrunk']:.3f} s")
+        return
+
+
+_settings: dict[str, Any] = {}
+
+
+def _remember(settings: dict[str, Any]) -> None:
+    global _settings
+    _settings = settings
+
+
+def _revoke(world) -> None:
+    """Revoke the world and the library's own communicators: every survivor's pending MPI call,
+    and every wait of ours (liveness checks Is_revoked), ends with an error."""
+    comms = [world]
+    if api.is_initialized():
+        comms.append(api.communicator().transport.comm)
+        engine = api._engine
+        if engine is not None:
+            comms.append(getattr(engine.transport, "comm", None))
+    for comm in comms:
+        if comm is None or comm == MPI.COMM_NULL:
+            continue
+        try:
+            comm.Revoke()
+        except MPI.Exception:
+            pass                                 # already revoked by a peer
+
+
+def _quiet_shutdown() -> None:
+    """``ar.shutdown()`` on a broken world: pending handles fail, nothing collective is freed."""
+    try:
+        api.shutdown()
+    except (AllreduceError, MPI.Exception):
+        api._current = api._engine = None
+
+
+def _stop(dead: list[int], size: int, min_np: int, state: State) -> None:
+    text = (f"below --min-np {min_np}: rank(s) {', '.join(map(str, dead))} died and {size} rank(s) "
+            f"are left; the last commit was {state.describe()}; stopping")
+    _say(text)
+    raise SystemExit(BELOW_MIN_EXIT)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"{MARK} {text}\n")
+    sys.stderr.flush()

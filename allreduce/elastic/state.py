@@ -1,0 +1,109 @@
+"""What an elastic job keeps in memory so it can lose a rank and go on (Horovod's ``State``).
+
+::
+
+    step:    ... compute  allreduce  update | commit() | compute  allreduce  update | commit() ...
+                                              save a copy                     save a copy
+    a rank dies here ------------------------------------------------^
+    survivors: restore()  -> the copy of the last commit, on every survivor
+               (run() shrinks the world and rebuilds the library, then)
+               reset callbacks -> sync() from the new rank 0 -> the step after the commit again
+
+``commit()`` is a local copy, no message: its cost is one copy of the state
+per commit (the model's bytes plus the optimizer's), and what a death costs is
+the work done since the last one. ``sync()`` is a broadcast from rank 0; it runs
+at every (re)start of :func:`~allreduce.elastic.run`, so every rank starts from
+rank 0's state, bitwise.
+
+:class:`State` is the base (subclasses say what ``save``, ``restore`` and
+``sync`` copy); :class:`ObjectState` keeps keyword attributes, any picklable
+Python values (an epoch counter, a batch index, a numpy array of weights).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable
+
+__all__ = ["State", "ObjectState"]
+
+
+class State:
+    """The base of every elastic state: commit, restore, sync and the reset callbacks.
+
+    Subclasses implement :meth:`save`, :meth:`restore` and :meth:`sync`.
+    """
+
+    def __init__(self):
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self.commits = 0          #: commits made (the first sync counts as none)
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call each of ``callbacks`` (no arguments) after every recovery, before the state is synced:
+        the place to re-shard data or rescale the learning rate for the new ``size()``."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run the reset callbacks (called by :func:`~allreduce.elastic.run` after a recovery)."""
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state in memory: a death after this point loses only the work done since."""
+        self.save()
+        self.commits += 1
+
+    def describe(self) -> str:
+        """The last commit in words, for the message of a job that stops (``commit 12 (epoch=1, batch=4)``)."""
+        return f"commit {self.commits}"
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook for subclasses: rebuild what depends on the world size (before the callbacks)."""
+
+
+def _broadcast_object(obj: Any) -> Any:
+    from .. import api
+    return api.broadcast_object(obj, 0)
+
+
+class ObjectState(State):
+    """Keyword attributes as elastic state: ``state = ObjectState(epoch=0, batch=0, w=np.zeros(4))``.
+
+    ``state.epoch`` and friends are ordinary attributes; :meth:`commit` copies
+    their values, :meth:`restore` puts the copies back, :meth:`sync` broadcasts
+    them from rank 0 (pickled: any picklable value).
+    """
+
+    def __init__(self, **kwargs: Any):
+        self._saved_state = {k: copy.deepcopy(v) for k, v in kwargs.items()}
+        self._set_attrs()
+        super().__init__()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))    # a later in-place change must not touch the commit
+
+    def save(self) -> None:
+        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:                            # rank 0's last commit (or its starting values)
+            self._saved_state, self.commits = _broadcast_object((self._saved_state, self.commits))
+            self._set_attrs()
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self._saved_state.items()
+                          if isinstance(v, (int, float, str)) and not isinstance(v, bool))
+        return f"commit {self.commits}" + (f" ({shown})" if shown else "")

@@ -1,0 +1,140 @@
+"""An elastic training loop that kills its own ranks on cue (tests/test_elastic.py).
+
+Run under ``allreduce-run --elastic``::
+
+    ELASTIC_KILLS="3@5:ring,0@9:engine" allreduce-run --elastic -np 4 python tests/mpi/elastic_train.py
+
+``ELASTIC_KILLS`` lists ``world_rank@step:phase``: that rank (its rank in the
+starting world) SIGKILLs itself at that step, in that phase:
+
+* ``compute``: while computing its gradient;
+* ``ring``, ``tree``, ``rhd``, ``rd``, ``mpi``, ``shm``, ``mailbox``: inside a direct
+  allreduce with that algorithm (a timer thread fires 0-3 ms into the call;
+  ``mailbox`` is ``rd`` on a message small enough for the shared-memory boxes);
+* ``engine``: inside a named allreduce (negotiation, fusion, the engine's wait);
+* ``commit``: half-way through ``state.commit()``;
+* ``sync``: inside ``state.sync()`` (the first one after a recovery).
+
+The model: SGD with momentum on ``w`` (64 float64), ``steps`` steps, a commit
+every ``ELASTIC_COMMIT_EVERY`` steps. Rank r of n at step s contributes the
+gradient ``grad(w, s, r, n)``: integer-valued, so every algorithm's sum is exact
+and the result is the same bits whatever the order of the additions. The
+state records the world size of every step it took (``sizes``), so the test
+replays the committed lineage in numpy and compares bitwise. Each survivor
+prints ``FINAL <world rank> <size> <hex of w and v> <sizes>`` at the end.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+
+import allreduce as ar
+from allreduce import elastic
+
+N, LR, MU = 64, 2.0 ** -6, 0.5
+ALGORITHMS = ("ring", "tree", "rhd", "rd", "mpi", "shm", "auto")
+
+
+def grad(w: np.ndarray, step: int, rank: int, size: int) -> np.ndarray:
+    """The gradient of rank ``rank`` of ``size`` at ``step``: small integers, so sums are exact."""
+    base = (np.arange(N) * (step + 1) + 7 * rank + size) % 11 - 5.0
+    return base + np.floor(w * 4.0) % 3
+
+
+def sgd(w, v, g_sum, size):
+    v = MU * v + g_sum / size
+    return w - LR * v, v
+
+
+def replay(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The committed lineage in numpy: step s ran on sizes[s] ranks."""
+    w, v = np.zeros(N), np.zeros(N)
+    for step, size in enumerate(sizes):
+        g = sum(grad(w, step, r, size) for r in range(size))
+        w, v = sgd(w, v, g, size)
+    return w, v
+
+
+def _kills() -> dict[tuple[int, int], str]:
+    out = {}
+    for item in filter(None, os.environ.get("ELASTIC_KILLS", "").split(",")):
+        who, rest = item.split("@")
+        step, phase = rest.split(":")
+        out[(int(who), int(step))] = phase
+    return out
+
+
+KILLS = _kills()
+ME = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+
+
+def die_soon(delay: float) -> None:
+    """SIGKILL this process ``delay`` seconds from now, from a timer thread (mid-call)."""
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
+
+def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
+    if KILLS.get((ME, step)) == phase:
+        print(f"KILL {ME} step {step} {phase} at {time.time():.6f}", flush=True)
+        if mid_call:
+            die_soon(np.random.default_rng(step).uniform(0, 0.003))
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class TrainState(elastic.ObjectState):
+    def save(self):
+        if KILLS.get((ME, self.step)) == "commit":     # half the attributes copied, then death
+            self._saved_state["w"] = self.w.copy()
+            maybe_die(self.step, "commit", mid_call=False)
+        super().save()
+
+    def sync(self):
+        if KILLS.get((ME, -1)) == "sync" and elastic.recovery.deaths:
+            maybe_die(-1, "sync")
+        super().sync()
+
+
+def main() -> None:
+    ar.init()
+    steps = int(os.environ.get("ELASTIC_STEPS", "24"))
+    every = int(os.environ.get("ELASTIC_COMMIT_EVERY", "3"))
+    state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[])
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(ar.size())])
+
+    @elastic.run
+    def train(state):
+        while state.step < steps:
+            s, rank, size = state.step, ar.rank(), ar.size()
+            maybe_die(s, "compute", mid_call=False)
+            g = grad(state.w, s, rank, size)
+            phase = next((p for (_, at), p in KILLS.items() if at == s), "")   # the same on every rank
+            algo = phase if phase in ALGORITHMS else ("rd" if phase == "mailbox" else ALGORITHMS[s % len(ALGORITHMS)])
+            big = np.tile(g, 1024 if phase not in ("rd", "mailbox") else 1)   # 512 KiB: the kill lands mid-call
+            if phase in ALGORITHMS or phase == "mailbox":
+                maybe_die(s, phase)
+            for _ in range(3 if phase else 1):
+                total = ar.allreduce(big, op=ar.Sum, algorithm=algo)
+            maybe_die(s, "engine")
+            twice = ar.allreduce(g, op=ar.Sum, name=f"g{s % 4}")     # the engine: negotiated, fused
+            if not np.array_equal(total[:N], twice):
+                raise AssertionError(f"step {s}: direct and engine sums differ")
+            state.w, state.v = sgd(state.w, state.v, total[:N], size)
+            state.sizes = state.sizes + [size]
+            state.step = s + 1
+            if state.step % every == 0:
+                state.commit()
+
+    train(state)
+    print(f"FINAL {ME} {ar.size()} {state.w.tobytes().hex()} {state.v.tobytes().hex()} "
+          f"{','.join(map(str, state.sizes))} resets={resets}", flush=True)
+    ar.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Elastic training with TensorFlow: Horovod's ``hvd.elastic`` on :mod:`allreduce.elastic`.
+
+::
+
+    import tfops as hvd
+    hvd.init()
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch in range(state.batch, steps):
+                train_step(...)
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.batch = 0
+
+    train(state)
+
+A state holds, besides its keyword attributes (``epoch``, ``batch``, any
+picklable value), the model's weights and the optimizer's variables (Keras 3:
+``optimizer.variables``, the iteration count and every slot such as momentum).
+``commit()`` copies them to host memory (one ``numpy()`` per variable),
+``restore()`` assigns the copies back, ``sync()`` broadcasts rank 0's.
+
+An error of the library raised inside a TensorFlow op reaches Python as a
+``tf.errors.OpError`` that carries only its text; :func:`run` recognises a
+peer's death there by the text as well (``PeerLostError``, ``MPI_ERR_PROC_FAILED``,
+``MPI_ERR_REVOKED``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from allreduce import api as _api
+from allreduce.elastic import ObjectState, State
+
+__all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState", "is_peer_failure"]
+
+_WORDS = ("PeerLostError", "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """A peer's death, raised directly or wrapped by TensorFlow (by its text) or chained."""
+    from allreduce.transport.liveness import is_peer_failure as direct
+    seen = 0
+    while exc is not None and seen < 8:
+        if direct(exc) or any(word in str(exc) for word in _WORDS):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def run(func: Callable) -> Callable:
+    """:func:`allreduce.elastic.run` that also sees a death through TensorFlow's errors."""
+    from allreduce.elastic.recovery import run_with
+    return run_with(func, is_failure=is_peer_failure)
+
+
+def _values(variables) -> list[np.ndarray]:
+    return [np.array(v.numpy(), copy=True) for v in variables]
+
+
+def _assign(variables, values: list[np.ndarray], what: str) -> None:
+    variables = list(variables)
+    if not values and variables:             # committed before the optimizer was built: a fresh one
+        values = [np.zeros(v.shape, v.dtype.as_numpy_dtype if hasattr(v.dtype, "as_numpy_dtype") else v.dtype)
+                  for v in variables]
+    if len(values) != len(variables):
+        raise ValueError(f"rank {_api.rank()}: the {what} has {len(variables)} variables, the committed "
+                         f"state {len(values)}; build it the same way on every rank before run()")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+class TensorFlowState(ObjectState):
+    """``tf.Variable`` objects plus keyword attributes (Horovod's ``TensorFlowState``).
+
+    Args:
+        variables: the variables to keep (default: none; ``tf.compat.v1.global_variables`` has no
+            meaning in TensorFlow 2's eager mode).
+        kwargs: attributes, as :class:`~allreduce.elastic.ObjectState`.
+    """
+
+    def __init__(self, variables=None, **kwargs: Any):
+        self.variables = list(variables or [])
+        self._saved_vars = _values(self.variables)
+        super().__init__(**kwargs)
+
+    def save(self) -> None:
+        self._saved_vars = _values(self.variables)
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self.variables, self._saved_vars, "variable list")
+        super().restore()
+
+    def sync(self) -> None:
+        self._saved_vars = _api.broadcast_object(_values(self.variables), 0)
+        _assign(self.variables, self._saved_vars, "variable list")
+        super().sync()
+
+
+class TensorFlowKerasState(ObjectState):
+    """A Keras model's weights, its optimizer's variables and keyword attributes.
+
+    Args:
+        model: a Keras model (built: its weights exist).
+        optimizer: its optimizer (default ``model.optimizer``).
+        kwargs: attributes, as :class:`~allreduce.elastic.ObjectState` (``epoch=0, batch=0``).
+    """
+
+    def __init__(self, model, optimizer=None, **kwargs: Any):
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        self._saved_model = self._saved_opt = None
+        super().__init__(**kwargs)
+        self._save_tensors()
+
+    def _opt_variables(self) -> list:
+        return list(self.optimizer.variables) if self.optimizer is not None else []
+
+    def _save_tensors(self) -> None:
+        self._saved_model = [np.array(w, copy=True) for w in self.model.get_weights()]
+        self._saved_opt = _values(self._opt_variables())
+
+    def _restore_tensors(self) -> None:
+        self.model.set_weights(self._saved_model)
+        _assign(self._opt_variables(), self._saved_opt, "optimizer")
+
+    def save(self) -> None:
+        self._save_tensors()
+        super().save()
+
+    def restore(self) -> None:
+        self._restore_tensors()
+        super().restore()
+
+    def sync(self) -> None:
+        self._save_tensors()          # what rank 0 holds now: its restored commit, or its starting weights
+        self._saved_model, self._saved_opt = _api.broadcast_object((self._saved_model, self._saved_opt), 0)
+        self._restore_tensors()
+        super().sync()
