@@ -1,0 +1,192 @@
+"""allgather, broadcast and the helpers built on them (Horovod's ``mpi_ops`` and ``functions``).
+
+==================  ===================================  ==============================================
+op                  forward                              gradient (for the global loss = sum of rank losses)
+==================  ===================================  ==============================================
+allgather           concat of x_r along axis 0           allreduce(dy, Average), this rank's rows
+broadcast           root's x                             allreduce(dy, Average) on root, 0 elsewhere
+==================  ===================================  ==============================================
+
+Both gradients average, as Horovod's ``_allgather_grad`` and
+``_broadcast_grad`` do (the mean of the ranks' upstream gradients, not their
+sum: at ``-np 2`` with dy = 1 on every rank, the root's gradient is 1).
+
+Broadcasts check every rank's shapes first (one small allgather): a rank
+whose tensor has another shape, even with as many elements, fails the call
+on every rank with :class:`tfops.errors.MismatchError`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import allreduce as ar
+from allreduce.errors import MismatchError
+
+from .ops import Average, _name, _numpy_call, _plain_python, allreduce
+
+__all__ = ["allgather", "broadcast", "broadcast_", "broadcast_variables", "broadcast_global_variables",
+           "broadcast_object", "broadcast_object_fn", "allgather_object"]
+
+
+# --------------------------------------------------------------------------- allgather
+def _allgather_raw(x: tf.Tensor) -> tf.Tensor:
+    y = _numpy_call("allgather", ar.allgather, [x], [x.dtype])[0]
+    y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+    return y
+
+
+@_plain_python
+def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False):
+    """Concatenate every rank's ``tensor`` along axis 0 (``hvd.allgather``); rows may differ by rank.
+
+    Ranks whose rows differ in shape (``shape[1:]``), dtype or rank fail on every rank with
+    :class:`tfops.errors.MismatchError`. The gradient averages the ranks' upstream gradients
+    and keeps this rank's rows (Horovod's). ``ignore_name_scope`` is accepted (names here are
+    not scoped).
+    """
+    x = tf.convert_to_tensor(tensor)
+    if x.shape.rank == 0:
+        x = tf.reshape(x, [1])
+    if not x.dtype.is_floating:
+        return _allgather_raw(x)
+    name = _name("allgather", name)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _allgather_raw(x)
+
+        def grad(dy):
+            mean = allreduce(tf.convert_to_tensor(dy), op=Average, name=name + ".grad")
+            rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1])
+            start = tf.reduce_sum(rows[:ar.rank()])
+            return mean[start:start + rows[ar.rank()]]
+        return y, grad
+    return forward(x)
+
+
+# --------------------------------------------------------------------------- broadcast
+def _broadcast_raw(xs: list, root_rank: int) -> list:
+    def run(*arrays):
+        return _broadcast_arrays(list(arrays), root_rank)
+    ys = _numpy_call("broadcast", run, xs, [x.dtype for x in xs])
+    for x, y in zip(xs, ys):
+        y.set_shape(x.shape)
+    return ys
+
+
+def _check_shapes(arrays: list[np.ndarray], root_rank: int) -> None:
+    """Every rank's (shape, dtype) list is root's; else ``MismatchError`` on every rank, naming them."""
+    mine = [(a.shape, a.dtype.str) for a in arrays]
+    every = ar.allgather_object((mine, root_rank))
+    if any(other != every[0] for other in every):
+        shown = "; ".join(f"rank {r}: root {root}, {[(s, np.dtype(d).name) for s, d in got]}"
+                          for r, (got, root) in enumerate(every))
+        raise MismatchError(f"broadcast: ranks disagree on the root or on the tensors' shapes/dtypes ({shown}). "
+                            "Every rank must broadcast tensors of root's shapes from the same root.")
+
+
+def _broadcast_arrays(arrays: list[np.ndarray], root_rank: int) -> list[np.ndarray]:
+    """Root's arrays on every rank: one shape check, then one broadcast per dtype."""
+    if ar.size() > 1:
+        _check_shapes(arrays, root_rank)
+    out: list = [None] * len(arrays)
+    by_dtype: dict[str, list[int]] = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype.str, []).append(i)
+    for members in by_dtype.values():
+        flat = ar.broadcast(np.concatenate([arrays[i].reshape(-1) for i in members]), root_rank=root_rank)
+        offset = 0
+        for i in members:
+            out[i] = flat[offset:offset + arrays[i].size].reshape(arrays[i].shape)
+            offset += arrays[i].size
+    return out
+
+
+@_plain_python
+def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope: bool = False):
+    """Root's ``tensor`` on every rank (``hvd.broadcast``).
+
+    The gradient is the ranks' upstream gradients averaged, on the root; 0 on the others
+    (Horovod's).
+    """
+    x = tf.convert_to_tensor(tensor)
+    if not x.dtype.is_floating:
+        return _broadcast_raw([x], root_rank)[0]
+    name = _name("broadcast", name)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _broadcast_raw([x], root_rank)[0]
+
+        def grad(dy):
+            mean = allreduce(tf.convert_to_tensor(dy), op=Average, name=name + ".grad")
+            return mean if ar.rank() == root_rank else tf.zeros_like(mean)
+        return y, grad
+    return forward(x)
+
+
+# --------------------------------------------------------------------------- variables
+@_plain_python
+def broadcast_variables(variables, root_rank: int = 0):
+    """Assign root's values to ``variables`` on every rank, one broadcast per dtype.
+
+    Args:
+        variables: ``tf.Variable`` or ``keras.Variable`` objects, the same list on every rank.
+        root_rank: the rank whose values win.
+
+    Returns:
+        ``None`` eagerly; inside a ``tf.function``, the op that does the assignments.
+    """
+    variables = list(variables)
+    if not variables:
+        return None
+    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank)
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    return None if tf.executing_eagerly() else tf.group(*[a for a in assigns if a is not None])
+
+
+@_plain_python
+def broadcast_(variables, root_rank: int, name: str | None = None) -> list:
+    """In-place broadcast (``hvd.broadcast_``): root's values written into ``variables``.
+
+    Returns:
+        The variables' new values (root's), as tensors, in order; eagerly and inside ``tf.function``
+        (where TF orders each read after its assignment).
+    """
+    variables = list(variables)
+    broadcast_variables(variables, root_rank)
+    return [tf.convert_to_tensor(v) for v in variables]
+
+
+def broadcast_global_variables(root_rank: int):
+    """``hvd.broadcast_global_variables``: TF1 global variables from ``root_rank``.
+
+    TF2 has no global-variable collection outside ``tf.compat.v1`` graphs, so eagerly this
+    raises ``RuntimeError`` as Horovod's does: use ``broadcast_variables(model.variables)``.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                           "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+# --------------------------------------------------------------------------- objects
+def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
+    """Root's picklable ``obj`` on every rank (``hvd.broadcast_object``); eager only."""
+    return ar.broadcast_object(obj, root_rank=root_rank)
+
+
+def broadcast_object_fn(root_rank: int = 0, session=None, name: str | None = None):
+    """``hvd.broadcast_object_fn``: a function ``f(obj)`` that returns root's ``obj`` on every rank.
+
+    ``session`` (TF1) is accepted and not used: the broadcast runs eagerly.
+    """
+    def broadcast_fn(obj=None):
+        return broadcast_object(obj, root_rank=root_rank, name=name)
+    return broadcast_fn
+
+
+def allgather_object(obj, name: str | None = None) -> list:
+    """Every rank's picklable ``obj``, as a list in rank order (``hvd.allgather_object``)."""
+    return ar.allgather_object(obj)

