@@ -49,13 +49,15 @@ from .hooks import GradientHooks
 from .ops import (Average, Compression, Max, Min, Sum, XlaNotSupportedError, allgather, allgather_object,
                   allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce)
 from .optimizer import DistributedOptimizer
-from .tape import DistributedGradientTape
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
+from .sync_batch_norm import SyncBatchNormalization
 from . import elastic   # hvd.elastic: run, TensorFlowKerasState, TensorFlowState (issue 25)
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Sum", "Average", "Min", "Max", "Compression", "allreduce", "grouped_allreduce", "allgather",
            "broadcast", "broadcast_variables", "broadcast_object", "allgather_object",
-           "DistributedGradientTape", "DistributedOptimizer", "GradientHooks", "XlaNotSupportedError"]
+           "DistributedGradientTape", "DistributedOptimizer", "GradientHooks", "XlaNotSupportedError",
+           "PartialDistributedGradientTape", "SyncBatchNormalization"]
 
 
 def init(comm=None, **settings) -> None:

@@ -3,6 +3,9 @@
 * :class:`BroadcastGlobalVariablesCallback` - root's model and optimizer state on every rank, before the first step.
 * :class:`MetricAverageCallback` - epoch-end metrics averaged over ranks (each rank saw its shard).
 * :class:`LearningRateWarmupCallback` - Goyal et al. 2017 warmup from ``lr / size`` up to ``lr``.
+* :class:`LearningRateScheduleCallback` - ``lr = initial_lr * multiplier(epoch)`` over a range of epochs
+  (these two live in :mod:`tfops.lr_schedule`).
+* :class:`BestModelCheckpoint` - ``keras.callbacks.ModelCheckpoint`` that keeps the best model, on rank 0 only.
 
 Every one of them also turns off XLA (``model.jit_compile``) with a warning
 at the start of ``fit``: XLA cannot call back into Python, and Keras 3's
@@ -17,9 +20,11 @@ import numpy as np
 
 import allreduce as ar
 
+from .grad_reduce import source_key
 from .ops import broadcast_variables
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback"]
+__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+           "LearningRateScheduleCallback", "BestModelCheckpoint"]
 
 
 def _disable_xla(model) -> None:
@@ -36,11 +41,17 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Args:
         root_rank: the rank whose initial weights every rank starts from.
+        local_variables: variables (or one variable) that keep each rank's own values: not broadcast.
     """
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.local_variables = {source_key(v) for v in local_variables}
         self.broadcast_done = False
 
     def on_train_begin(self, logs=None):
@@ -51,6 +62,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
+        variables = [v for v in variables if source_key(v) not in self.local_variables]
         broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True
 
@@ -75,58 +87,37 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[k] = float(v)
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
-    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Save the best model seen so far, on rank 0 only (Horovod's ``BestModelCheckpoint``).
 
-    Goyal et al., "Accurate, Large Minibatch SGD" (2017): with p ranks the global
-    batch is p times larger, so the target rate is ``initial_lr`` (usually the
-    single-rank rate times p), reached linearly, per batch:
-    ``lr(e) = initial_lr / size * (e * (size - 1) / warmup_epochs + 1)`` for the
-    fractional epoch ``e``.
+    A ``keras.callbacks.ModelCheckpoint`` with ``save_best_only=True``; other
+    ranks do nothing, so ranks never write the same file at once. Put
+    :class:`MetricAverageCallback` before it so ``monitor`` is the ranks' average.
 
     Args:
-        initial_lr: the learning rate at the end of warmup.
-        warmup_epochs: epochs to ramp over.
-        momentum_correction: accepted for Horovod compatibility and ignored: Keras 3
-            optimizers compile their momentum into the step, so it cannot change per batch.
-        steps_per_epoch: batches per epoch; default: what ``fit`` reports.
-        verbose: print the learning rate at the end of warmup.
+        monitor, verbose, save_weights_only, mode, save_freq: as ``ModelCheckpoint``'s (Horovod's order).
+        filepath: where to save. Horovod's has none (its Spark estimator sets ``filepath`` later);
+            Keras 3 needs one when the callback is made, so the default is ``best_model.keras``
+            (``best_model.weights.h5`` with ``save_weights_only``) in the working directory.
     """
 
-    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
-                 steps_per_epoch: int | None = None, verbose: int = 0):
-        super().__init__()
-        if warmup_epochs <= 0:
-            raise ValueError(f"warmup_epochs must be positive, got {warmup_epochs}")
-        self.initial_lr = float(initial_lr)
-        self.warmup_epochs = warmup_epochs
-        self.steps_per_epoch = steps_per_epoch
-        self.verbose = verbose
-        self.current_epoch = 0
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch",
+                 filepath=None):
+        if filepath is None:
+            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
 
-    def multiplier(self, epoch: float) -> float:
-        """The factor on ``initial_lr`` at fractional epoch ``epoch``."""
-        size = ar.size()
-        return min(1.0, 1.0 / size * (epoch * (size - 1) / self.warmup_epochs + 1))
+    def _should_save_model(self, *args, **kwargs):
+        return ar.rank() == 0 and super()._should_save_model(*args, **kwargs)
 
-    def on_train_begin(self, logs=None):
-        _disable_xla(self.model)
-        if self.steps_per_epoch is None:
-            self.steps_per_epoch = self.params.get("steps")
-        if not self.steps_per_epoch:
-            raise ValueError("LearningRateWarmupCallback needs steps_per_epoch: fit() did not report it")
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.current_epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.current_epoch >= self.warmup_epochs:
-            return
-        epoch = self.current_epoch + batch / self.steps_per_epoch
-        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+    def on_train_batch_end(self, batch, logs=None):
+        if ar.rank() == 0:
+            super().on_train_batch_end(batch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if epoch == self.warmup_epochs - 1:
-            self.model.optimizer.learning_rate = self.initial_lr
-            if self.verbose and ar.rank() == 0:
-                print(f"\nEpoch {epoch + 1}: finished learning-rate warmup to {self.initial_lr:g}.")
+        if ar.rank() == 0:
+            super().on_epoch_end(epoch, logs)
+
+
+from .lr_schedule import LearningRateScheduleCallback, LearningRateWarmupCallback  # noqa: E402  (they import _disable_xla)

@@ -9,13 +9,15 @@
 The wrapper is one class, defined here (not built at run time): it owns the
 inner optimizer, as ``keras.optimizers.LossScaleOptimizer`` does, and
 forwards ``learning_rate``, ``iterations``, ``scale_loss`` and the optimizer
-state to it. ``apply`` reduces the step's dense gradients in one grouped
-call, allgathers sparse ones, then calls the inner ``apply``.
+state to it. ``apply`` reduces the step's gradients (:mod:`tfops.grad_reduce`:
+local variables, ``gradient_predivide_factor``, ``num_groups``), then calls
+the inner ``apply``. Horovod's Keras entry points work too:
+``compute_gradients`` / ``_compute_gradients(loss, var_list, tape=)`` reduce
+and return ``(gradient, variable)`` pairs, and ``apply_gradients`` then
+applies them without reducing again.
 
 With ``backward_passes_per_step=N`` the gradients are summed locally for N
-calls and reduced (and applied) on every N-th: 1/N of the communication.
-Horovod sums them by default; ``average_aggregated_gradients=True`` divides
-by N, so N micro-batches equal one N-times larger batch.
+passes and reduced (and applied) on every N-th (:mod:`tfops.aggregation`).
 
 ``hooks=tfops.GradientHooks(model)`` (not in Horovod) starts each gradient's
 allreduce during backprop instead (:mod:`tfops.hooks`); ``apply`` then only
@@ -28,24 +30,30 @@ import tensorflow as tf
 
 import allreduce as ar
 from allreduce.errors import MismatchError
+from allreduce.ops import Adasum
 
-from .gradients import gradient_names, reduce_gradients
-from .ops import Average, Compression, Sum, _check_op, check_compression
+from .aggregation import LocalAggregation
+from .grad_reduce import GradientSettings, reduce_step
+from .ops import Average, Compression, Sum, _check_op
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "DistributedOptimizerWrapper"]
 
 
-class _DistributedOptimizer(keras.optimizers.Optimizer):
+@keras.saving.register_keras_serializable(package="tfops", name="DistributedOptimizer")
+class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
     """The wrapper :func:`DistributedOptimizer` returns. ``inner_optimizer`` does the update."""
 
     def __init__(self, inner_optimizer, *, name=None, compression=Compression.none, sparse_as_dense=False,
-                 op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, hooks=None):
+                 op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, hooks=None,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=None,
+                 scale_local_gradients=True):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-            raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
-                            f"{type(inner_optimizer).__name__}")
+            raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got "
+                            f"{type(inner_optimizer).__name__}; tf.compat.v1 and Keras 2 legacy optimizers "
+                            "are not supported")
         op = _check_op(op)
-        if op not in (Average, Sum):
-            raise ValueError(f"DistributedOptimizer supports op=Average or Sum, got {op!r}")
+        if op not in (Average, Sum, Adasum):
+            raise ValueError(f"DistributedOptimizer supports op=Average, Sum or Adasum, got {op!r}")
         if int(backward_passes_per_step) < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if hooks is not None and int(backward_passes_per_step) > 1:
@@ -53,59 +61,97 @@ class _DistributedOptimizer(keras.optimizers.Optimizer):
                              "backward_passes_per_step > 1, which reduces once per N passes")
         super().__init__(learning_rate=0.0, name=name or f"Distributed{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
-        self.compression = check_compression(compression)
-        self.sparse_as_dense = bool(sparse_as_dense)
-        self.op = op
+        self._settings = GradientSettings(op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
+                                          gradient_predivide_factor=gradient_predivide_factor,
+                                          num_groups=int(num_groups or 0), groups=groups, process_set=process_set,
+                                          scale_local_gradients=bool(scale_local_gradients))
+        self._settings.check("DistributedOptimizer")
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self._agg_helper = (LocalAggregation(self.backward_passes_per_step, self.average_aggregated_gradients)
+                            if self.backward_passes_per_step > 1 else None)
         self._hooks = None if hooks is None else hooks.install()
+        self._reduced_by_compute = False
+
+    op = property(lambda self: self._settings.op)
+    compression = property(lambda self: self._settings.compression)
+    sparse_as_dense = property(lambda self: self._settings.sparse_as_dense)
 
     def build(self, var_list):
         _check_same_variables(var_list)
         self.inner_optimizer.build(var_list)
-        if self.backward_passes_per_step > 1:
-            self._accumulated = [self.add_variable_from_reference(v, name="accumulated_gradient")
-                                 for v in var_list]
-            self._passes = self.add_variable(shape=(), dtype="int64", name="backward_passes")
+        if self._agg_helper is not None:
+            self._agg_helper.build(self, var_list)
         super().build(var_list)
 
     @property
     def variables(self):
         return self._variables[:] + self.inner_optimizer.variables
 
+    def register_local_var(self, var) -> None:
+        """Keep ``var``'s gradient on this rank (divided by ``size()``, Horovod's ``scale_local_gradients``)."""
+        if self._hooks is not None:
+            raise ValueError("register_local_var: hooks reduce every gradient during backprop; "
+                             "use the optimizer without hooks= for local variables")
+        self._settings.register_local(var)
+
+    # -- Horovod's Keras entry points: compute (and reduce), then apply -------------------
+    def compute_gradients(self, loss, var_list, tape=None):
+        """``(gradient, variable)`` pairs of ``loss`` (a tensor recorded on ``tape``, or a callable), reduced."""
+        return self._compute_gradients(loss, var_list, tape=tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        variables = tf.nest.flatten(var_list)
+        if callable(loss):
+            tape = tf.GradientTape() if tape is None else tape
+            with tape:
+                tape.watch(variables)
+                loss = loss()
+        elif tape is None:
+            raise ValueError("compute_gradients: a loss tensor needs the tape that recorded it (tape=)")
+        grads = tape.gradient(loss, variables, output_gradients=grad_loss)
+        self._build_once(variables)
+        reduced = self._reduce(list(grads), variables)
+        self._reduced_by_compute = True
+        return list(zip(reduced, variables))
+
+    def apply_gradients(self, grads_and_vars, **kwargs):
+        """Apply ``(gradient, variable)`` pairs (Keras 2 keywords such as
+        ``experimental_aggregate_gradients`` are accepted and ignored)."""
+        grads, variables = zip(*list(grads_and_vars))
+        self.apply(list(grads), list(variables))
+        return self.iterations
+
     def apply(self, grads, trainable_variables=None):
         """Reduce ``grads`` over all ranks (every N-th call with ``backward_passes_per_step=N``), then apply."""
-        if not self.built:
-            if trainable_variables is None:
-                raise ValueError("build the optimizer first, or pass trainable_variables")
-            with keras.name_scope(self.name, caller=self):
-                self.build(list(trainable_variables))
+        if trainable_variables is None and not self.built:
+            raise ValueError("build the optimizer first, or pass trainable_variables")
         variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
+        self._build_once(variables)
         grads = list(grads)
-        if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(self._reduce(grads, variables), variables)
-            return
-        for acc, g in zip(self._accumulated, grads):
-            if g is not None:
-                acc.assign_add(tf.convert_to_tensor(g))
-        passes = self._passes.assign_add(1)
-        keras.ops.cond(tf.equal(passes % self.backward_passes_per_step, 0),
-                       lambda: self._apply_accumulated(grads, variables), lambda: None)
+        if self._reduced_by_compute:
+            self._reduced_by_compute = False        # compute_gradients already reduced (and aggregated)
+        else:
+            grads = self._reduce(grads, variables)
+        if self._agg_helper is None:
+            self.inner_optimizer.apply(grads, variables)
+        else:
+            self._agg_helper.apply(lambda: self.inner_optimizer.apply(grads, variables), self.iterations)
 
-    def _apply_accumulated(self, grads, variables):
-        scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else 1.0
-        summed = [None if g is None else tf.convert_to_tensor(acc) * tf.cast(scale, acc.dtype)
-                  for g, acc in zip(grads, self._accumulated)]
-        self.inner_optimizer.apply(self._reduce(summed, variables), variables)
-        for acc in self._accumulated:
-            acc.assign(tf.zeros_like(acc))
-        return None
+    def _build_once(self, variables) -> None:
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(variables))
 
     def _reduce(self, grads, variables):
         if self._hooks is not None:
             return self._hooks.wait(grads)
-        return reduce_gradients(grads, gradient_names("optimizer", len(variables)), op=self.op,
-                                compression=self.compression, sparse_as_dense=self.sparse_as_dense)
+
+        def reduce(gs):
+            return reduce_step(gs, variables, self._settings, "optimizer")
+        if self._agg_helper is not None:
+            return self._agg_helper.step(grads, variables, reduce)
+        return reduce(grads)
 
     # -- what belongs to the inner optimizer ---------------------------------------------
     @property
@@ -127,15 +173,20 @@ class _DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):
+        s = self._settings
         return {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-                "sparse_as_dense": self.sparse_as_dense, "op": int(self.op),
+                "sparse_as_dense": s.sparse_as_dense, "op": int(s.op),
                 "backward_passes_per_step": self.backward_passes_per_step,
-                "average_aggregated_gradients": self.average_aggregated_gradients}
+                "average_aggregated_gradients": self.average_aggregated_gradients,
+                "gradient_predivide_factor": s.gradient_predivide_factor,
+                "num_groups": s.groups if isinstance(s.groups, int) else 0,
+                "scale_local_gradients": s.scale_local_gradients}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
+        config["op"] = ar.Op(config["op"]) if "op" in config else Average
         return cls(inner, **config)
 
 
@@ -152,18 +203,31 @@ def _check_same_variables(var_list) -> None:
                             "model on every rank before compiling or applying gradients.")
 
 
-def DistributedOptimizer(optimizer, name=None, compression=Compression.none, sparse_as_dense=False,
-                         op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, hooks=None):
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=None, scale_local_gradients=True, hooks=None):
     """Wrap a Keras 3 optimizer so it reduces gradients across ranks (``hvd.DistributedOptimizer``).
+
+    The argument order is ``horovod.tensorflow.DistributedOptimizer``'s; ``tfops.keras`` has
+    ``horovod.tensorflow.keras``'s order (:func:`tfops.keras.DistributedOptimizer`).
 
     Args:
         optimizer: any ``keras.optimizers.Optimizer`` (SGD, Adam, AdamW, ...).
         name: the wrapper's name; default ``"Distributed" + optimizer.name``.
+        use_locking, device_dense, device_sparse: accepted for Horovod compatibility; unused
+            (no TF1 locking; the engine reduces in host memory).
         compression: ``Compression.none`` (default), ``fp16`` or ``bf16`` for dense gradients.
         sparse_as_dense: densify ``IndexedSlices`` gradients instead of allgathering them.
-        op: ``Average`` (default) or ``Sum``.
         backward_passes_per_step: accumulate this many gradients locally per reduction and update.
+        op: ``Average`` (default), ``Sum`` or ``Adasum``.
+        gradient_predivide_factor: with ``Average``: multiply by ``1/f`` before the sum and by
+            ``f/size`` after it.
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
+        num_groups, groups: split the gradients into this many groups (or these lists of
+            variables), each reduced as one grouped allreduce.
+        process_set: reduce over this :class:`tfops.ProcessSet` only (default: all ranks).
+        scale_local_gradients: divide registered local variables' gradients by ``size()``.
         hooks: a :class:`tfops.GradientHooks` on the model (not in Horovod): every forward pass is
             hooked and each gradient's allreduce starts during backprop; ``apply`` waits for them.
             Their own ``op``/``compression`` apply.
@@ -171,6 +235,8 @@ def DistributedOptimizer(optimizer, name=None, compression=Compression.none, spa
     Returns:
         The wrapped optimizer, for ``model.compile(optimizer=...)`` or ``apply_gradients``.
     """
-    return _DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-                                 op=op, backward_passes_per_step=backward_passes_per_step,
-                                 average_aggregated_gradients=average_aggregated_gradients, hooks=hooks)
+    return DistributedOptimizerWrapper(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
+        hooks=hooks, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)

@@ -1,4 +1,6 @@
 """``hvd.callbacks`` for ``import tfops.keras as hvd``; the classes live in :mod:`tfops.callbacks`."""
-from ..callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
+from ..callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,
+                         LearningRateWarmupCallback, MetricAverageCallback)
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback"]
+__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+           "LearningRateScheduleCallback", "BestModelCheckpoint"]
