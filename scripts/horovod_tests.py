@@ -128,6 +128,7 @@ KERAS3_SPELLINGS = [
     (r"keras\.layers\.ThresholdedReLU\(0\.5\)", "keras.layers.ReLU(threshold=0.5)",
      "ThresholdedReLU was removed in Keras 3"),
     (r",\s*input_length=10", "", "Embedding lost input_length"),
+    (r"keras\.losses\.mean_squared_error\b", "keras.losses.mse", "tf.keras.losses lost the long function name"),
 ]
 
 _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
