@@ -256,6 +256,28 @@ def check_errors(p, me):
     assert "MismatchError" in str(error) and "rank 1" in str(error), str(error)
 
 
+def check_in_fit(p, me):
+    """Inside model.fit: a layer that reduces with prescale, postscale and average=False and reads
+    size_op; every rank ends with the same weights."""
+    import keras
+
+    def reduce(t):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            y = hvd.allreduce(t, average=False, prescale_factor=0.5, postscale_factor=2.0)
+        return y / tf.cast(hvd.size_op(), y.dtype)                         # the mean of every rank's t
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Lambda(reduce)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    # The same inputs everywhere, a different target per rank: the weights stay equal only because
+    # the gradient of the reduction sums every rank's upstream gradient.
+    x = np.random.default_rng(0).random((8, 3), np.float32)
+    y = np.random.default_rng(me).random((8, 2), np.float32)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    for v in model.trainable_variables:
+        same_everywhere(v.numpy(), f"model.fit weight {v.name}")
+
+
 def check_all():
     p, me = tfops.size(), tfops.rank()
     W = np.arange(1, p + 1, dtype=np.float64)           # rank k weights its loss by k + 1
@@ -266,6 +288,7 @@ def check_all():
     check_timeline(p, me)
     check_compression_on_tensors()
     check_dtypes(p, me)
+    check_in_fit(p, me)
     if p > 1:
         check_errors(p, me)
     np.testing.assert_allclose(tfops.allreduce(tf.ones([2]), op=tfops.Sum), [p, p])   # still in step
