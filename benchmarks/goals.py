@@ -181,6 +181,10 @@ def goals_section(runs: dict) -> list[str]:
     training = runs.get("training", (None, None))[1]
     if training:
         lines += training_goals(training)
+    peers = runs.get("peers", (None, None))[1]
+    if peers:
+        from benchmarks.peers.verdict import peer_goals
+        lines += peer_goals(peers)
     engine = runs.get("engine", (None, None))[1]
     if engine:
         lines += engine_goals(engine["records"])

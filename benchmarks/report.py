@@ -14,7 +14,9 @@ call on a buffer not in the cache, as a large model's gradients are), engine
 own node, over Open MPI's TCP transport: a network's wire on one machine) and
 training: examples/synthetic_benchmark.py, images/sec of tfops against
 tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
-thread per rank, and scaling efficiency against -np 1.
+thread per rank, and scaling efficiency against -np 1; peers (benchmarks/peers/section.py):
+ours against Gloo (torch, the [bench] extra) and Horovod 0.28.1 (horovod.tensorflow in
+.venv-horovod, built once by benchmarks/peers/build_horovod.sh), launches in turn.
 
 Everything in BENCHMARKS.md comes from this one run: the tables are the
 benchmarks' own stdout, verbatim; the ratios (benchmarks/goals.py) are computed from the same
@@ -77,7 +79,7 @@ TRAINING_ROUNDS = 3   # launches per world size, alternating; the table shows me
 TRAINING = ("examples/synthetic_benchmark.py",
             f"--scaling 1,2 --rounds {TRAINING_ROUNDS} --compare-mwms --local-baseline --barrier-baseline "
             "--threads 1")
-SECTIONS = [*SWEEPS, "training"]
+SECTIONS = [*SWEEPS, "training", "peers"]
 
 
 def _env() -> dict:
@@ -104,6 +106,8 @@ def run_sweep(name: str, timeout: float, *, quick: bool = False) -> tuple[str, d
     """Run one sweep; return (stdout, its JSON or None, the command as a user types it)."""
     if name == "training":
         return run_training(timeout)
+    if name == "peers":
+        return run_peers(timeout, quick=quick)
     ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
     out, shown = RESULTS / f"{name}.json", _shown(name, quick)
     mca, extra_env = WIRES.get(name, ([], {}))
@@ -156,9 +160,23 @@ def run_training(timeout: float) -> tuple[str, dict | None, str]:
     return text, data, shown
 
 
+def run_peers(timeout: float, *, quick: bool = False) -> tuple[str, dict | None, str]:
+    """Ours, Gloo and Horovod in turn (benchmarks/peers/section.py); save peers.json and .txt."""
+    from benchmarks.peers import section
+    print(f"[report] {_shown('peers')}", file=sys.stderr, flush=True)
+    start = time.time()
+    text, data = section.run(_env(), timeout, quick=quick)
+    data["seconds"] = round(time.time() - start, 1)
+    (RESULTS / "peers.json").write_text(json.dumps(data, indent=1) + "\n")
+    (RESULTS / "peers.txt").write_text(text + "\n")
+    return text, data, _shown("peers")
+
+
 def _shown(name: str, quick: bool = False) -> str:
     if name == "training":
         return f"python {TRAINING[0]} {TRAINING[1]} --json {_rel(RESULTS / 'training.json')}"
+    if name == "peers":     # its launches are the '# launch' lines of the section
+        return "python benchmarks/report.py --only peers" + (" --quick" if quick else "")
     ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
     oversubscribe = "--oversubscribe " if ranks > (os.cpu_count() or 1) else ""
     mca, extra_env = WIRES.get(name, ([], {}))
@@ -199,7 +217,8 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
               "np2cold": "Allreduce sweep, 2 ranks, cold buffers (every call's data comes from memory)",
               "engine": "Engine: fusion, compression, ResNet-50 step, round-trip latency",
               "engine_tcp": "Engine over TCP, every rank its own node: fusion and compression where the wire is a network stack",
-              "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2"}
+              "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2",
+              "peers": "Peers: ours against Gloo (torch.distributed) and Horovod (horovod.tensorflow), -np 2"}
     for name, (text, data, shown) in runs.items():
         lines += [f"## {titles[name]}", "", "```", shown, "```", ""]
         if name == "training":
@@ -279,6 +298,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-np4", action="store_true", help="skip the 4-rank sweep")
     parser.add_argument("--no-engine", action="store_true", help="skip the engine benchmark")
     parser.add_argument("--no-training", action="store_true", help="skip the training benchmark")
+    parser.add_argument("--no-peers", action="store_true", help="skip the Gloo and Horovod comparison")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per sweep")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sweeps, to check the pipeline (no goals; skips training)")
@@ -304,7 +324,7 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time()
     skip = {"np4": args.no_np4, "engine": args.no_engine, "engine_tcp": args.no_engine,
-            "training": args.no_training or args.quick}
+            "training": args.no_training or args.quick, "peers": args.no_peers}
     notes = [f"Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes: {TRAINING_ROUNDS} rounds of launches); "
              "run `python benchmarks/report.py --only training` for it."] if args.quick else []
     names = [n for n in SECTIONS if not skip.get(n) or n in only]
@@ -323,7 +343,7 @@ def main(argv=None) -> int:
     plots = {}
     for name, (_, data, _) in runs.items():
         png = RESULTS / f"{name}.png"
-        if data and name not in ("engine", "engine_tcp", "training"):
+        if data and name not in ("engine", "engine_tcp", "training", "peers"):
             if name in fresh or not png.is_file():      # a saved sweep keeps its saved plot
                 plot.plot_run(data, png)
             plots[name] = _rel(png)
