@@ -51,23 +51,41 @@ from .ops import (Average, Compression, Max, Min, Sum, XlaNotSupportedError, all
 from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .sync_batch_norm import SyncBatchNormalization
+from .collectives import alltoall, grouped_allgather, grouped_reducescatter, reducescatter
+from .process_sets import (NotInProcessSetError, ProcessSet, add_process_set, global_process_set,
+                           process_set_included_op, remove_process_set, with_process_set)
+from . import process_sets as _sets
 from . import elastic   # hvd.elastic: run, TensorFlowKerasState, TensorFlowState (issue 25)
+
+# process_set= on the world ops (the global set, the default, runs them unchanged)
+allreduce = with_process_set(allreduce, _sets.allreduce_in_set)
+grouped_allreduce = with_process_set(grouped_allreduce, _sets.grouped_allreduce_in_set)
+allgather = with_process_set(allgather, _sets.allgather_in_set)
+broadcast = with_process_set(broadcast, _sets.broadcast_in_set)
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Sum", "Average", "Min", "Max", "Compression", "allreduce", "grouped_allreduce", "allgather",
            "broadcast", "broadcast_variables", "broadcast_object", "allgather_object",
            "DistributedGradientTape", "DistributedOptimizer", "GradientHooks", "XlaNotSupportedError",
-           "PartialDistributedGradientTape", "SyncBatchNormalization"]
+           "PartialDistributedGradientTape", "SyncBatchNormalization",
+           "alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter",
+           "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+           "process_set_included_op", "NotInProcessSetError"]
 
 
-def init(comm=None, **settings) -> None:
+def init(comm=None, process_sets=None, **settings) -> None:
     """Start the engine on every rank of ``comm`` (default: MPI COMM_WORLD; a single process works too).
 
     Args:
         comm: an mpi4py communicator.
+        process_sets: :class:`ProcessSet` objects (or rank lists) to register at once, as
+            ``add_process_set`` would, in order (Horovod's ``hvd.init(process_sets=...)``).
         settings: ``allreduce.Config`` fields (``ALLREDUCE_*`` environment variables also apply).
     """
     _ar.init(comm, **settings)
+    global_process_set.ranks = list(range(_ar.size()))
+    for process_set in process_sets or ():
+        add_process_set(process_set)
 
 
 def shutdown() -> None:
