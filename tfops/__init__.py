@@ -31,7 +31,14 @@ Covered names (same names and argument names as Horovod):
     callbacks.LearningRateWarmupCallback(initial_lr, warmup_epochs=5, momentum_correction=True,
     steps_per_epoch=None, verbose=0).
 
-Not covered: Adasum, process sets, reducescatter/alltoall TF ops, ``device_dense`` /
+Also: alltoall(tensor, splits=None, name=None) -> rows, or (rows, received_splits) given
+splits; reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0);
+grouped_allgather(tensors); grouped_reducescatter(tensors, op=Average, ...) (tfops.collectives);
+ProcessSet(ranks), add_process_set, remove_process_set, global_process_set,
+process_set_included_op, init(process_sets=...), and process_set= on every collective
+(tfops.process_sets).
+
+Not covered: Adasum, ``device_dense`` /
 ``device_sparse`` / ``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
 optimizers and sessions, ``hvd.load_model``, ``momentum_correction`` (accepted, ignored).
 
