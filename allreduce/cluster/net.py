@@ -33,8 +33,8 @@ from pathlib import Path
 
 from ..errors import ClusterError
 
-__all__ = ["Cluster", "Host", "up_links", "down", "existing", "cores_for", "state_dir", "load", "save",
-           "DEFAULT_PREFIX", "parse_rate"]
+__all__ = ["Cluster", "Host", "up_links", "down", "existing", "kill_inside", "check_permitted", "cores_for",
+           "state_dir", "load", "save", "DEFAULT_PREFIX", "parse_rate"]
 
 DEFAULT_PREFIX = "arcl"
 CANDIDATES = [f"10.213.{i}.0/24" for i in range(0, 256, 17)] + ["192.168.213.0/24", "172.30.213.0/24"]
@@ -200,7 +200,7 @@ def up_links(prefix: str, nodes: int, link: str, slots: int) -> Cluster:
     return cluster
 
 
-def _kill_inside(space: str) -> list[int]:
+def kill_inside(space: str) -> list[int]:
     """Stop every process in namespace ``space`` (SIGTERM, then SIGKILL after 2 s); their pids."""
     def pids() -> list[int]:
         out = _ip("ip", "netns", "pids", space, check=False).stdout.split()
@@ -223,7 +223,7 @@ def down(prefix: str) -> list[str]:
     spaces, links = existing(prefix)
     removed = []
     for space in spaces:
-        killed = _kill_inside(space)
+        killed = kill_inside(space)
         _ip("ip", "netns", "del", space, check=False)
         removed.append(f"namespace {space}" + (f" ({len(killed)} processes stopped)" if killed else ""))
     for name in links:                                 # deleting one veth end deletes its peer
