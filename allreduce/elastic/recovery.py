@@ -32,8 +32,10 @@ started with. The phases' times of the last recovery are in :data:`last_recovery
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -131,6 +133,8 @@ def recover(state: State, caught: float) -> None:
         dead = [r for i, r in enumerate(_origin) if i not in kept]
         _base, _origin = new, [_origin[i] for i in kept]
         deaths.append((caught, dead))
+        if len(deaths) == 1:
+            atexit.register(_exit_without_finalize)    # after mpi4py's: atexit runs it first
         if new.Get_size() < settings.get("elastic_min_np", 1):
             _stop(dead, new.Get_size(), settings["elastic_min_np"], state)
         try:
@@ -191,7 +195,21 @@ def _stop(dead: list[int], size: int, min_np: int, state: State) -> None:
     text = (f"below --min-np {min_np}: rank(s) {', '.join(map(str, dead))} died and {size} rank(s) "
             f"are left; the last commit was {state.describe()}; stopping")
     _say(text)
+    global _exit_status
+    _exit_status = BELOW_MIN_EXIT
     raise SystemExit(BELOW_MIN_EXIT)
+
+
+_exit_status = 0
+
+
+def _exit_without_finalize() -> None:
+    """End a process that lived through a death without MPI_Finalize: finalizing with the revoked
+    communicators and their shared windows hung now and then (Open MPI 5.0.11, by hand); a rank
+    that finished its work has nothing left to say to MPI. Its buffered output is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)
 
 
 def _say(text: str) -> None:

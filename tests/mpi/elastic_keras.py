@@ -20,6 +20,7 @@ import numpy as np
 import keras
 
 import tfops.keras as hvd
+import tfops.keras.elastic  # noqa: F401 - hvd.elastic, also while tfops.keras/__init__ is being edited
 
 EPOCHS, BATCHES, BS = 3, 8, 4
 ME = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))

@@ -81,7 +81,7 @@ def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
     if KILLS.get((ME, step)) == phase:
         print(f"KILL {ME} step {step} {phase} at {time.time():.6f}", flush=True)
         if mid_call:
-            die_soon(np.random.default_rng(step).uniform(0, 0.003))
+            die_soon(np.random.default_rng(step + 1).uniform(0, 0.003))
         else:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -1,0 +1,154 @@
+"""Elastic training (issue 25): ranks SIGKILLed in every phase, survivors shrink and go on.
+
+Each launch runs ``tests/mpi/elastic_train.py`` under ``allreduce-run --elastic``
+with a list of kill points (world rank, step, phase). The checks, for every launch:
+
+* the launcher exits 0 and its summary names every dead rank and the final size;
+* every survivor prints its final state: exactly the expected survivors, bitwise
+  identical, and equal to a numpy replay of the committed lineage (SGD with
+  momentum; the state records the world size of every step it kept);
+* every death was noticed within a bounded time (DETECT_BOUND) of the kill.
+
+Plus: below ``--min-np`` every survivor exits non-zero naming the dead rank and the
+last commit, and so does the launcher; the launcher's flags and summary parsing;
+and (slow: TensorFlow start-up) a Keras ``model.fit`` with the three callbacks.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from allreduce.elastic import launch
+from tests.harness import MPI_SCRIPTS, kill_tagged, mpi_env
+
+DETECT_BOUND = 5.0      # seconds from a SIGKILL to the survivors' recovery line (goal: a few seconds)
+TIMEOUT = 240.0         # per launch; the machine is shared, and a hang must fail, not hang the suite
+
+_spec = importlib.util.spec_from_file_location("elastic_train", MPI_SCRIPTS / "elastic_train.py")
+
+
+def _replay(sizes):
+    module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(module)
+    return module.replay(sizes)
+
+
+def launch_job(np_: int, kills: str, *extra: str, script: str = "elastic_train.py", env: dict | None = None,
+               timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    full = mpi_env()
+    full.update(ELASTIC_KILLS=kills, **(env or {}))
+    cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), *extra,
+           sys.executable, str(MPI_SCRIPTS / script)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(full["ALLREDUCE_TEST_TAG"])
+        out, err = proc.communicate()
+        pytest.fail(f"TIMEOUT after {timeout:g} s: {' '.join(cmd)} (ELASTIC_KILLS={kills})\n"
+                    f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _seconds_of_day(text: str) -> float:
+    h, m, s = text.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+# (np, kill points "world_rank@step:phase", survivors): every rank killed in some launch, rank 0
+# in two; two deaths in every launch; every phase of the issue (step -1: the sync after a recovery)
+CASES = {
+    "ring+shm, rank 0 first": (4, "0@2:ring,2@6:shm", [1, 3]),
+    "engine, then sync": (4, "1@3:engine,3@-1:sync", [0, 2]),
+    "commit, then rank 0 in the mailbox": (4, "2@6:commit,0@8:mailbox", [1, 3]),
+    "compute, then tree": (4, "3@1:compute,1@5:tree", [0, 2]),
+    "rank 0 in rhd, then mpi": (4, "0@2:rhd,3@5:mpi", [1, 2]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_survivors_restore_the_last_commit_and_finish(case):
+    np_, kills, survivors = CASES[case]
+    result = launch_job(np_, kills)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, f"launcher exited {result.returncode}\n{text[-5000:]}"
+    finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=(\[[\d, ]*\])$", result.stdout, re.M)
+    assert sorted(int(f[0]) for f in finals) == survivors, text[-5000:]
+    assert len({f[1:] for f in finals}) == 1, "survivors differ (not bitwise identical)"
+    _, size, w_hex, v_hex, sizes_text, resets = finals[0]
+    sizes = [int(s) for s in sizes_text.split(",")]
+    assert int(size) == len(survivors) == sizes[-1] and len(sizes) == 24
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] <= np_          # the world only shrinks
+    w, v = _replay(sizes)
+    assert w.tobytes().hex() == w_hex and v.tobytes().hex() == v_hex, "state differs from the replay"
+    assert eval(resets) == [np_ - 1, np_ - 2]                        # noqa: S307 - our own output
+    # the launcher's summary: both deaths, by world rank, and the size at the end
+    dead = sorted(int(k.split("@")[0]) for k in kills.split(","))
+    summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
+    assert summary and f"finished with {len(survivors)} of {np_} ranks" in summary[-1], summary
+    assert sorted(int(r) for r in re.findall(r"rank\(s\) (\d+) died", summary[-1])) == dead
+    # detection: each recovery line comes within DETECT_BOUND of its kill
+    killed = sorted(float(t) for t in re.findall(r"^KILL \d+ step -?\d+ \w+ at ([\d.]+)$", result.stdout, re.M))
+    noticed = sorted(_seconds_of_day(t.split()[0]) for t in re.findall(r"noticed at ([\d:.]+ UTC)", result.stderr))
+    assert len(killed) == len(noticed) == 2, text[-3000:]
+    for kill, seen in zip(killed, noticed):
+        day = datetime.fromtimestamp(kill, timezone.utc)
+        lag = (seen - (day.hour * 3600 + day.minute * 60 + day.second + day.microsecond / 1e6)) % 86400
+        assert lag < DETECT_BOUND, f"a death was noticed {lag:.2f} s after the kill"
+
+
+def test_below_min_np_every_survivor_stops_naming_the_dead_and_the_commit():
+    result = launch_job(3, "1@4:ring", "--min-np", "3")
+    assert result.returncode != 0
+    stops = [line for line in result.stderr.splitlines() if "below --min-np 3" in line and "allreduce-elastic" in line]
+    assert len(stops) == 2, result.stderr[-4000:]                 # both survivors
+    for line in stops:
+        assert "rank(s) 1 died" in line and "commit 1 (step=3)" in line, line
+    assert "elastic job stopped below --min-np" in result.stderr
+    assert "FINAL" not in result.stdout
+
+
+def test_launcher_flags_and_summary():
+    rest, options = launch.split_flags(["--elastic", "--min-np", "2", "--max-np", "5", "--mca", "x", "y"])
+    assert rest == ["--mca", "x", "y"] and (options.min_np, options.max_np) == (2, 5)
+    assert launch.split_flags(["--mca", "x", "y"]) == (["--mca", "x", "y"], None)
+    with pytest.raises(SystemExit, match="add --elastic"):
+        launch.split_flags(["--min-np", "2"])
+    with pytest.raises(SystemExit, match="more than -np"):
+        launch.mpirun_flags(options, 1, [])
+    assert launch.mpirun_flags(options, 4, []) == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+    assert launch.mpirun_flags(options, 4, ["--mca", "btl", "self,tcp"]) == ["--with-ft", "ulfm"]
+    env = launch.environment(options, {})
+    assert env["ALLREDUCE_ELASTIC"] == "1" and env["ALLREDUCE_ELASTIC_MIN_NP"] == "2"
+    assert env["ALLREDUCE_SHM_P2P"] == "1" and "ALLREDUCE_SHM_P2P" not in launch.environment(options, {"ALLREDUCE_SHM_P2P": "0"})
+    summary = launch.Summary(4)
+    summary.feed("allreduce-elastic: rank(s) 2 died (noticed at 09:17:56.956 UTC); going on with 3 of 4 ranks")
+    assert summary.report(1) == ("allreduce-run: elastic job did not finish (mpirun exited with 1); "
+                                 "rank(s) 2 died at 09:17:56.956 UTC", 1)
+    summary.feed("allreduce-elastic: run(train) finished with 3 ranks (started with 4)")
+    assert summary.report(0)[1] == 0 and "finished with 3 of 4 ranks" in summary.report(0)[0]
+    summary.feed("allreduce-elastic: below --min-np 3: ...")
+    assert summary.report(0)[1] == launch.BELOW_MIN_EXIT
+
+
+@pytest.mark.slow
+def test_keras_fit_with_the_three_callbacks_survives_a_death():
+    result = launch_job(3, "", script="elastic_keras.py", env={"ELASTIC_KERAS_KILL": "2@1:5",
+                                                               "TF_CPP_MIN_LOG_LEVEL": "2"})
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-5000:]
+    finals = re.findall(r"^KERAS (\d+) (\d+) epoch=(\d+) (\w+)$", result.stdout, re.M)
+    assert sorted(int(f[0]) for f in finals) == [0, 1], text[-5000:]
+    assert len({f[1:] for f in finals}) == 1, "survivors' weights differ"
+    assert finals[0][1] == "2" and finals[0][2] == "3"
+    assert "RESTORED-OK" in result.stdout and "finished with 2 of 3 ranks" in result.stderr
