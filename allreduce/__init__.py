@@ -11,7 +11,8 @@ See README.md for the layers and docs/ for the lessons.
 from .api import (allgather, allgather_object, allreduce, allreduce_, allreduce_async, allreduce_async_,
                   alltoall, barrier, broadcast,
                   broadcast_object, communicator, explain_choice, grouped_allreduce, init, is_initialized,
-                  local_rank, local_size, rank, reducescatter, shared_empty, shutdown, size, synchronize)
+                  local_rank, local_size, rank, reducescatter, shared_empty, shutdown, size,
+                  start_timeline, stop_timeline, synchronize)
 from .comm import Communicator
 from .config import Config
 from .engine import Compression, Compressor, Handle
@@ -27,6 +28,7 @@ __all__ = [
     "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "alltoall", "broadcast_object",
     "allgather_object", "barrier", "explain_choice", "shared_empty",
     "allreduce_async", "allreduce_async_", "grouped_allreduce", "synchronize", "Handle", "Compression", "Compressor",
+    "start_timeline", "stop_timeline",
     "Op", "Sum", "Average", "Min", "Max", "Product", "bfloat16",
     "Communicator", "Config",
     "AllreduceError", "CompressionError", "InvalidArgumentError", "MismatchError",

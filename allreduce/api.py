@@ -26,7 +26,7 @@ from .ops import Op
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter",
            "alltoall", "broadcast_object", "allgather_object", "barrier", "explain_choice",
-           "allreduce_async", "grouped_allreduce", "synchronize", "shared_empty"]
+           "allreduce_async", "grouped_allreduce", "synchronize", "shared_empty", "start_timeline", "stop_timeline"]
 
 _current: Communicator | None = None
 _engine: Engine | None = None
@@ -212,6 +212,18 @@ def allreduce_async_(x: np.ndarray, name: str | None = None, op=Op.AVERAGE,
 def synchronize(handle: Handle) -> np.ndarray:
     """Wait for ``handle`` and return its result (Horovod's ``hvd.synchronize``)."""
     return handle.wait()
+
+
+def start_timeline(path: str, mark_cycles: bool = False) -> None:
+    """Start writing the engine's Chrome-trace timeline to ``path`` on this rank (Horovod's
+    ``hvd.start_timeline``; rank r > 0 writes ``stem.rank<r>.suffix`` beside it, as with
+    ``ALLREDUCE_TIMELINE``). ``mark_cycles``: a ``CYCLE_START`` tick per engine cycle."""
+    _running_engine().start_timeline(str(path), mark_cycles=mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Finish and close the timeline file started by :func:`start_timeline` (or ``ALLREDUCE_TIMELINE``)."""
+    _running_engine().stop_timeline()
 
 
 def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,

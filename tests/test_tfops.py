@@ -1,8 +1,9 @@
 """tfops (TensorFlow / Keras on the engine): one process, and 2 and 3 ranks under mpirun.
 
 Importing TensorFlow costs ~10 s per process, so the checks are grouped into
-two rank scripts (tests/mpi/tf_ops.py, tests/mpi/tf_train.py; their
-docstrings list what they check) and each runs once per world size. TF runs
+rank scripts (tests/mpi/tf_ops.py, which also runs tf_surface.py's checks,
+and tf_train.py; their docstrings list what they check), each run once per
+world size. TF runs
 with one intra-op and one inter-op thread.
 """
 import subprocess
@@ -37,6 +38,14 @@ def test_ops_and_gradients_one_process_without_mpirun():
 def test_ops_gradients_and_errors_3_ranks():
     out = mpirun(3, "tf_ops.py", timeout=TIMEOUT, env=ENV).stdout
     assert all(f"rank {r}: tf_ops OK" in out for r in range(3)), out[-3000:]
+
+
+@pytest.mark.mpi
+def test_horovod_surface_2_ranks():
+    """tests/mpi/tf_surface.py (issue 27's ops, arguments, errors, gradients and dtypes); it also
+    runs inside tf_ops.py, so the tests above cover one and three ranks."""
+    out = mpirun(2, "tf_surface.py", timeout=TIMEOUT, env=ENV).stdout
+    assert all(f"rank {r}: tf_surface OK" in out for r in range(2)), out[-3000:]
 
 
 @pytest.mark.mpi

@@ -38,8 +38,14 @@ ProcessSet(ranks), add_process_set, remove_process_set, global_process_set,
 process_set_included_op, init(process_sets=...), and process_set= on every collective
 (tfops.process_sets).
 
-Not covered: Adasum, ``device_dense`` /
-``device_sparse`` / ``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
+Covered by issue 27 (T1): Product; allreduce/grouped_allreduce with Horovod's arguments (average=,
+device_dense, device_sparse, prescale_factor, postscale_factor; grouped: any op and tf.IndexedSlices);
+averaged allgather/broadcast gradients (tfops.gather); broadcast_, broadcast_global_variables,
+broadcast_object_fn; start_timeline/stop_timeline; size_op, rank_op, local_size_op, local_rank_op
+and the capability queries (tfops.queries); MismatchError, also a tf.errors.FailedPreconditionError
+(tfops.errors); Compression on tf tensors (tfops.compression); dtypes uint16, int16, bool.
+
+Not covered: Adasum, ``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
 optimizers and sessions, ``hvd.load_model``, ``momentum_correction`` (accepted, ignored).
 
 Every op works eagerly, inside ``tf.function`` and inside ``model.fit`` (a
@@ -53,8 +59,14 @@ from __future__ import annotations
 import allreduce as _ar
 
 from .hooks import GradientHooks
-from .ops import (Average, Compression, Max, Min, Sum, XlaNotSupportedError, allgather, allgather_object,
+from .ops import (Average, Compression, Max, Min, Product, Sum, XlaNotSupportedError, allgather, allgather_object,
                   allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce)
+from .gather import broadcast_, broadcast_global_variables, broadcast_object_fn
+from .errors import MismatchError
+from . import queries as _queries
+from .queries import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous, local_rank_op,
+                      local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank_op, rocm_built,
+                      size_op)
 from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .sync_batch_norm import SyncBatchNormalization
@@ -77,7 +89,11 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "PartialDistributedGradientTape", "SyncBatchNormalization",
            "alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter",
            "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
-           "process_set_included_op", "NotInProcessSetError"]
+           "process_set_included_op", "NotInProcessSetError",
+           "Product", "MismatchError", "broadcast_", "broadcast_global_variables", "broadcast_object_fn",
+           "start_timeline", "stop_timeline", "size_op", "rank_op", "local_size_op", "local_rank_op",
+           "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
+           "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous"]
 
 
 def init(comm=None, process_sets=None, **settings) -> None:
@@ -90,6 +106,7 @@ def init(comm=None, process_sets=None, **settings) -> None:
         settings: ``allreduce.Config`` fields (``ALLREDUCE_*`` environment variables also apply).
     """
     _ar.init(comm, **settings)
+    _queries.is_homogeneous()           # measured once, on every rank, while every rank is here
     global_process_set.ranks = list(range(_ar.size()))
     for process_set in process_sets or ():
         add_process_set(process_set)
@@ -102,6 +119,20 @@ def shutdown() -> None:
 
 def is_initialized() -> bool:
     return _ar.is_initialized()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Write the engine's Chrome-trace timeline to ``file_path`` from now on (``hvd.start_timeline``).
+
+    Call it on every rank: rank 0 writes ``file_path``, rank r ``<stem>.rank<r><suffix>``.
+    ``mark_cycles`` adds a ``CYCLE_START`` tick per engine cycle. Replaces a running timeline.
+    """
+    _ar.start_timeline(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Finish the timeline file (``hvd.stop_timeline``); :func:`start_timeline` may start another."""
+    _ar.stop_timeline()
 
 
 def size() -> int:

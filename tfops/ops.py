@@ -12,10 +12,14 @@ op                  forward                        gradient (for the global loss
 ==================  =============================  ====================================================
 allreduce Sum/Avg   y = sum (or mean) of x_r       allreduce(dy) with the same op
 allreduce Min/Max   y = min/max of x_r             allreduce(dy, Sum) where x == y, else 0 (ties share)
-grouped_allreduce   one call for many tensors      grouped_allreduce(dys), same op
-allgather           concat of x_r along axis 0     allreduce(dy, Sum), this rank's rows (reducescatter)
-broadcast           root's x                       allreduce(dy, Sum) on root, 0 elsewhere (reduce to root)
+allreduce Product   y = product of x_r             allreduce(dy, Sum) * (product of the other ranks' x)
+grouped_allreduce   one call for many tensors      grouped_allreduce(dys, Sum or the op), then as above
 ==================  =============================  ====================================================
+
+``prescale_factor``/``postscale_factor`` scale before and after the reduction
+(:mod:`tfops.arguments`); the gradient goes through the same scaling.
+allgather and broadcast live in :mod:`tfops.gather` (their gradients average,
+as Horovod's); they are re-exported here.
 
 The ops are stateful, so inside a ``tf.function`` TF runs them in program
 order on every rank. XLA cannot call back into Python: an op traced inside a
@@ -33,16 +37,16 @@ from tensorflow.python.ops import control_flow_util
 import allreduce as ar
 from allreduce.errors import AllreduceError
 
-from allreduce.engine.compression import check_compressor as check_compression
+from . import arguments
+from .compression import Compression, check_compression
+from .errors import tf_typed
 
-Compression = ar.Compression
-
-__all__ = ["submit", "wait", "grouped", "Sum", "Average", "Min", "Max", "Compression", "XlaNotSupportedError",
+__all__ = ["submit", "wait", "grouped", "Sum", "Average", "Min", "Max", "Product", "Compression", "XlaNotSupportedError",
            "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object",
            "allgather_object"]
 
-Sum, Average, Min, Max = ar.Sum, ar.Average, ar.Min, ar.Max
-_OPS = (Sum, Average, Min, Max)
+Sum, Average, Min, Max, Product = ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product
+_OPS = (Sum, Average, Min, Max, Product)
 _names = itertools.count()
 
 
@@ -77,7 +81,7 @@ _plain_python = tf.autograph.experimental.do_not_convert
 
 def _check_op(op):
     if op not in _OPS:
-        raise ValueError(f"op must be tfops.Sum, Average, Min or Max; got {op!r}")
+        raise ValueError(f"op must be tfops.Sum, Average, Min, Max or Product; got {op!r}")
     return ar.Op(op)
 
 
@@ -96,7 +100,7 @@ def _numpy_call(what: str, fn, inputs: list, dtypes: list) -> list:
             "tf.function(jit_compile=False)); the tfops.keras callbacks switch it off with a warning.")
         error.ag_pass_through = True       # autograph would re-wrap it as a StagingError
         raise error
-    out = tf.numpy_function(fn, inputs, dtypes, stateful=True, name=f"tfops_{what}")
+    out = tf.numpy_function(tf_typed(fn), inputs, dtypes, stateful=True, name=f"tfops_{what}")
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
@@ -112,8 +116,21 @@ def _allreduce_dense(x: tf.Tensor, op, compression, name: str) -> tf.Tensor:
 def _allreduce_grad(x, y, dy, op, compression, name):
     if op in (Sum, Average):
         return _allreduce_differentiable(dy, op, compression, name + ".grad")
-    total = _allreduce_differentiable(dy, Sum, compression, name + ".grad")
-    return tf.where(tf.equal(x, y), total, tf.zeros_like(total))
+    return _chain(x, y, _allreduce_differentiable(dy, Sum, compression, name + ".grad"), op, name)
+
+
+def _chain(x, y, total, op, name):
+    """Min/Max/Product's gradient from ``total``, the sum of every rank's upstream gradient."""
+    if op != Product:
+        return tf.where(tf.equal(x, y), total, tf.zeros_like(total))     # Min, Max: the rank(s) that won
+    # d(prod_r x_r)/dx_me = the product of the other ranks' x: from the product of the nonzero
+    # entries and the count of zeros, so a zero on this rank does not divide by zero.
+    zero = tf.equal(x, 0)
+    nonzero = tf.where(zero, tf.ones_like(x), x)
+    product = _allreduce_dense(nonzero, Product, Compression.none, name + ".grad.nonzero")
+    zeros = _allreduce_dense(tf.cast(zero, tf.int32), Sum, Compression.none, name + ".grad.zeros")
+    others = tf.where(zeros - tf.cast(zero, tf.int32) > 0, tf.zeros_like(x), product / nonzero)
+    return total * others
 
 
 def _allreduce_differentiable(x, op, compression, name):
@@ -127,33 +144,48 @@ def _allreduce_differentiable(x, op, compression, name):
     return forward(x)
 
 
+def _sparse(tensor: tf.IndexedSlices, op, name: str) -> tf.IndexedSlices:
+    """Slices are allgathered, values and indices; Average divides the values by size()."""
+    values = allgather(tensor.values, name=name + ".values")
+    indices = allgather(tensor.indices, name=name + ".indices")
+    if op == Average:
+        values = values / tf.cast(ar.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
 @_plain_python
-def allreduce(tensor, op=Average, compression=Compression.none, name: str | None = None):
-    """Reduce ``tensor`` over all ranks (Horovod's ``hvd.allreduce``).
+def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str = "",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name: str | None = None, ignore_name_scope: bool = False):
+    """Reduce ``tensor`` over all ranks (Horovod's ``hvd.allreduce``, same arguments and order).
 
     Args:
         tensor: a ``tf.Tensor``, variable, array or ``tf.IndexedSlices``. Slices are
-            allgathered (values and indices) instead of reduced, as in Horovod.
-        op: ``tfops.Sum``, ``Average`` (default), ``Min`` or ``Max``.
+            allgathered (values and indices) instead of reduced, as in Horovod; they take
+            Sum and Average only, unscaled (else ``NotImplementedError``).
+        average: deprecated: ``True`` is ``op=Average``, ``False`` ``op=Sum``; not with ``op``.
+        device_dense, device_sparse: accepted for Horovod's scripts; the reduction runs in
+            the engine on host memory whatever the device.
         compression: ``tfops.Compression.none`` (default), ``fp16`` or ``bf16``.
+        op: ``Sum``, ``Average`` (the default), ``Min``, ``Max`` or ``Product``.
+        prescale_factor, postscale_factor: multiply before / after the reduction.
         name: the name every rank uses for this tensor; default: an automatic
             name that matches across ranks calling the ops in the same order.
+        ignore_name_scope: accepted (names here are not scoped).
 
     Returns:
-        A tensor of the same shape and dtype, identical on every rank.
+        A tensor of the same shape and dtype, identical on every rank. Ranks that disagree
+        on its shape or dtype raise :class:`tfops.errors.MismatchError` (also a
+        ``tf.errors.FailedPreconditionError``) on every rank.
     """
-    op = _check_op(op)
+    op = _check_op(arguments.op_from(op, average))
     compression = check_compression(compression)
     name = _name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Sum, Average):
-            raise ValueError(f"sparse (IndexedSlices) allreduce supports Sum and Average, not {op!r}")
-        values = allgather(tensor.values, name=name + ".values")
-        indices = allgather(tensor.indices, name=name + ".indices")
-        if op == Average:
-            values = values / tf.cast(ar.size(), values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
-    return _allreduce_differentiable(tf.convert_to_tensor(tensor), op, compression, name)
+        arguments.check_sparse(op, prescale_factor, postscale_factor)
+        return _sparse(tensor, op, name)
+    x = arguments.scale(tf.convert_to_tensor(tensor), prescale_factor, "prescale_factor")
+    return arguments.scale(_allreduce_differentiable(x, op, compression, name), postscale_factor, "postscale_factor")
 
 
 def _grouped_dense(xs: list, op, compression, names: list[str]) -> list:
@@ -166,29 +198,47 @@ def _grouped_dense(xs: list, op, compression, names: list[str]) -> list:
 
 
 @_plain_python
-def grouped_allreduce(tensors, op=Average, compression=Compression.none, name: str | None = None) -> list:
-    """Allreduce a list of dense tensors in one engine call (``hvd.grouped_allreduce``).
+def grouped_allreduce(tensors, average=None, device_dense: str = "", device_sparse: str = "",
+                      compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      name: str | None = None, ignore_name_scope: bool = False) -> list:
+    """Allreduce a list of tensors in one engine call (``hvd.grouped_allreduce``, same arguments).
 
     Args:
-        tensors: dense tensors of any shapes and dtypes.
-        op: ``Sum`` or ``Average`` (default); the gradient is the same grouped call.
+        tensors: dense tensors of any shapes and dtypes, and ``tf.IndexedSlices`` (allgathered,
+            as :func:`allreduce` does; Sum and Average only, unscaled).
+        op: ``Sum``, ``Average`` (default), ``Min``, ``Max`` or ``Product``;
+            ``average``, the scale factors and the device arguments as in :func:`allreduce`.
         compression: ``Compression.none``, ``fp16`` or ``bf16``.
         name: the group's name; tensor i is named ``name.i``.
 
     Returns:
-        The reduced tensors, in order.
+        The reduced tensors (slices as ``tf.IndexedSlices``), in order. The gradient is one
+        grouped call (Sum for Min/Max/Product, then each tensor's rule as in :func:`allreduce`).
     """
-    op = _check_op(op)
-    if op not in (Sum, Average):
-        raise ValueError(f"grouped_allreduce supports Sum and Average, not {op!r}; use allreduce per tensor")
+    op = _check_op(arguments.op_from(op, average))
     compression = check_compression(compression)
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    tensors = list(tensors)
     if not tensors:
         return []
     base = _name("grouped", name)
-    names = [f"{base}.{i}" for i in range(len(tensors))]
-    if not all(t.dtype.is_floating for t in tensors):
-        return _grouped_dense(tensors, op, compression, names)
+    out: list = [None] * len(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        arguments.check_sparse(op, prescale_factor, postscale_factor)
+    for i in sparse:
+        out[i] = _sparse(tensors[i], op, f"{base}.{i}")
+    dense = [i for i in range(len(tensors)) if i not in sparse]
+    if dense:
+        xs = [arguments.scale(tf.convert_to_tensor(tensors[i]), prescale_factor, "prescale_factor") for i in dense]
+        ys = _grouped_differentiable(xs, op, compression, base, [f"{base}.{i}" for i in dense])
+        for i, y in zip(dense, ys):
+            out[i] = arguments.scale(y, postscale_factor, "postscale_factor")
+    return out
+
+
+def _grouped_differentiable(xs: list, op, compression, base: str, names: list[str]) -> list:
+    if not all(t.dtype.is_floating for t in xs):
+        return _grouped_dense(xs, op, compression, names)
 
     @tf.custom_gradient
     def forward(*xs):
@@ -196,111 +246,16 @@ def grouped_allreduce(tensors, op=Average, compression=Compression.none, name: s
 
         def grad(*dys):
             dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
-            return grouped_allreduce(dys, op=op, compression=compression, name=base + ".grad")
+            linear = op in (Sum, Average)
+            totals = grouped_allreduce(dys, op=op if linear else Sum, compression=compression, name=base + ".grad")
+            if linear:
+                return totals
+            return [_chain(x, y, t, op, f"{base}.{i}") for i, (x, y, t) in enumerate(zip(xs, ys, totals))]
         return ys, grad
-    return list(forward(*tensors))
+    return list(forward(*xs))
 
 
 # --------------------------------------------------------------------------- allgather / broadcast
-def _allgather_raw(x: tf.Tensor) -> tf.Tensor:
-    y = _numpy_call("allgather", ar.allgather, [x], [x.dtype])[0]
-    y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
-    return y
-
-
-@_plain_python
-def allgather(tensor, name: str | None = None):
-    """Concatenate every rank's ``tensor`` along axis 0 (``hvd.allgather``); rows may differ by rank.
-
-    The gradient sums the upstream gradients of all ranks and keeps this rank's rows.
-    """
-    x = tf.convert_to_tensor(tensor)
-    if x.shape.rank == 0:
-        x = tf.reshape(x, [1])
-    if not x.dtype.is_floating:
-        return _allgather_raw(x)
-    name = _name("allgather", name)
-
-    @tf.custom_gradient
-    def forward(x):
-        y = _allgather_raw(x)
-
-        def grad(dy):
-            total = allreduce(tf.convert_to_tensor(dy), op=Sum, name=name + ".grad")
-            rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1])
-            start = tf.reduce_sum(rows[:ar.rank()])
-            return total[start:start + rows[ar.rank()]]
-        return y, grad
-    return forward(x)
-
-
-def _broadcast_raw(xs: list, root_rank: int) -> list:
-    def run(*arrays):
-        return _broadcast_arrays(list(arrays), root_rank)
-    ys = _numpy_call("broadcast", run, xs, [x.dtype for x in xs])
-    for x, y in zip(xs, ys):
-        y.set_shape(x.shape)
-    return ys
-
-
-def _broadcast_arrays(arrays: list[np.ndarray], root_rank: int) -> list[np.ndarray]:
-    """Root's arrays on every rank: one broadcast per dtype, however many arrays."""
-    out: list = [None] * len(arrays)
-    by_dtype: dict[str, list[int]] = {}
-    for i, a in enumerate(arrays):
-        by_dtype.setdefault(a.dtype.str, []).append(i)
-    for members in by_dtype.values():
-        flat = ar.broadcast(np.concatenate([arrays[i].reshape(-1) for i in members]), root_rank=root_rank)
-        offset = 0
-        for i in members:
-            out[i] = flat[offset:offset + arrays[i].size].reshape(arrays[i].shape)
-            offset += arrays[i].size
-    return out
-
-
-@_plain_python
-def broadcast(tensor, root_rank: int, name: str | None = None):
-    """Root's ``tensor`` on every rank (``hvd.broadcast``). The gradient is a reduce to the root."""
-    x = tf.convert_to_tensor(tensor)
-    if not x.dtype.is_floating:
-        return _broadcast_raw([x], root_rank)[0]
-    name = _name("broadcast", name)
-
-    @tf.custom_gradient
-    def forward(x):
-        y = _broadcast_raw([x], root_rank)[0]
-
-        def grad(dy):
-            total = allreduce(tf.convert_to_tensor(dy), op=Sum, name=name + ".grad")
-            return total if ar.rank() == root_rank else tf.zeros_like(total)
-        return y, grad
-    return forward(x)
-
-
-@_plain_python
-def broadcast_variables(variables, root_rank: int = 0):
-    """Assign root's values to ``variables`` on every rank, one broadcast per dtype.
-
-    Args:
-        variables: ``tf.Variable`` or ``keras.Variable`` objects, the same list on every rank.
-        root_rank: the rank whose values win.
-
-    Returns:
-        ``None`` eagerly; inside a ``tf.function``, the op that does the assignments.
-    """
-    variables = list(variables)
-    if not variables:
-        return None
-    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank)
-    assigns = [v.assign(x) for v, x in zip(variables, values)]
-    return None if tf.executing_eagerly() else tf.group(*[a for a in assigns if a is not None])
-
-
-def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
-    """Root's picklable ``obj`` on every rank (``hvd.broadcast_object``); eager only."""
-    return ar.broadcast_object(obj, root_rank=root_rank)
-
-
-def allgather_object(obj, name: str | None = None) -> list:
-    """Every rank's picklable ``obj``, as a list in rank order (``hvd.allgather_object``)."""
-    return ar.allgather_object(obj)
+# In tfops.gather (which imports this module); re-exported for the modules that import them from here.
+from .gather import (allgather, allgather_object, broadcast, broadcast_object,  # noqa: E402
+                     broadcast_variables)

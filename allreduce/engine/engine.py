@@ -177,6 +177,26 @@ class Engine:
             self._queue.append(entry)
         self.pacer.submitted()              # the engine starts a cycle once this burst of submits ends
 
+    # -- the timeline, started and stopped at run time (hvd.start_timeline / stop_timeline) -------
+    mark_cycles = False                                   # a CYCLE_START tick per cycle on the timeline
+
+    def start_timeline(self, path: str, *, mark_cycles: bool = False) -> None:
+        """Write the timeline to ``path`` from now on (rank r > 0: see ``timeline_path``), replacing
+        the current one. Per-step phases are traced only when the timeline was on from ``init``
+        (``ALLREDUCE_TIMELINE``): they need the transport wrapped from the start."""
+        old, self.timeline = self.timeline, Timeline(timeline_path(path, self.rank), self.rank)
+        self.fusion.timeline = self.timeline
+        self.mark_cycles = mark_cycles
+        if old is not None:
+            old.close()
+
+    def stop_timeline(self) -> None:
+        """Close the timeline file. The closed timeline stays in place and ignores events, so the
+        engine thread, which may be writing to it right now, never sees it vanish mid-cycle."""
+        self.mark_cycles = False
+        if self.timeline is not None:
+            self.timeline.close()
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the engine on every rank (at the same cycle) and join its thread.
 
@@ -222,6 +242,8 @@ class Engine:
     def _cycle(self) -> bool:
         """One cycle; True when the engine stops."""
         self.cycles += 1
+        if self.mark_cycles:
+            self.timeline.instant("engine", "CYCLE_START")
         stopping = self._stopping                 # read before draining: later submits are refused
         self._drain()
         cutoff = self.stall.inspect(self.negotiator.partial)
