@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also time the same step with a barrier where the gradient exchange goes (one "
                              "numpy_function over the gradients that only waits for every rank): what any "
                              "synchronous data-parallel library pays before it moves a byte")
+    parser.add_argument("--commit-every", type=int, default=0,
+                        help="elastic training (allreduce-run --elastic): commit the model and optimizer "
+                             "(tfops.elastic.TensorFlowKerasState) every this many steps, inside the timed loop")
     parser.add_argument("--json", help="write the results here (with --scaling: every world size's)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TF intra- and inter-op threads per rank (0: TF's default, all cores)")
@@ -156,7 +159,17 @@ def run(args) -> dict:
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     say(f"Model: small CNN, {params / 1e6:.2f} M parameters; batch size {args.batch_size} per rank; "
         f"{size} rank(s); mode {args.mode}{' fp16' if args.fp16_allreduce else ''}")
-    result = {"np": size, "rank": rank, "tfops": summarize(time_steps(step, args, say), size, "tfops", say)}
+    timed = step
+    if args.commit_every:                          # issue 25: what an elastic job's commits cost
+        state = hvd.elastic.TensorFlowKerasState(model, optimizer, batch=0)
+
+        def timed():
+            step()
+            state.batch += 1
+            if state.batch % args.commit_every == 0:
+                state.commit()
+        say(f"Elastic: a commit every {args.commit_every} steps ({ar.communicator().config.elastic and 'under' or 'without'} --elastic)")
+    result = {"np": size, "rank": rank, "tfops": summarize(time_steps(timed, args, say), size, "tfops", say)}
 
     if args.local_baseline:
         local_opt = keras.optimizers.SGD(0.01)

@@ -1,0 +1,72 @@
+"""Elastic training demo: kill a rank mid-run and watch the others go on.
+
+::
+
+    allreduce-run --elastic -np 4 python examples/elastic_train.py --kill-rank 2 --kill-step 12
+    allreduce-run --elastic -np 3 --min-np 3 python examples/elastic_train.py --kill-rank 1   # stops
+
+Linear regression by SGD with momentum, data sharded over the ranks: each
+step allreduces the gradient (named: through the engine), a commit every
+``--commit-every`` steps. Rank ``--kill-rank`` (its rank in the starting
+world) SIGKILLs itself at ``--kill-step``; the survivors restore the last
+commit, shrink, re-shard the data in a reset callback, and finish.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+import numpy as np
+
+import allreduce as ar
+from allreduce import elastic
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--commit-every", type=int, default=5)
+    parser.add_argument("--kill-rank", type=int, default=-1, help="rank (in the starting world) that dies")
+    parser.add_argument("--kill-step", type=int, default=12)
+    args = parser.parse_args()
+
+    ar.init()
+    world_rank = ar.rank()                               # fixed for the life of the process
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4096, 8))
+    y = x @ np.arange(1.0, 9.0)
+    shard = {}
+
+    def reshard():                                       # a reset callback: the new size's slice
+        shard["x"], shard["y"] = x[ar.rank()::ar.size()], y[ar.rank()::ar.size()]
+    reshard()
+    state = elastic.ObjectState(step=0, w=np.zeros(8), v=np.zeros(8))
+    state.register_reset_callbacks([reshard])
+
+    @elastic.run
+    def train(state):
+        while state.step < args.steps:
+            if world_rank == args.kill_rank and state.step == args.kill_step:
+                print(f"rank {world_rank}: SIGKILL at step {state.step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            xs, ys = shard["x"], shard["y"]
+            local = xs.T @ (xs @ state.w - ys) / len(x)                 # this shard's part of the gradient
+            grad = ar.allreduce(local, op=ar.Sum, name="grad")
+            state.v = 0.5 * state.v + grad
+            state.w = state.w - 0.3 * state.v
+            state.step += 1
+            if ar.rank() == 0 and state.step % 5 == 0:
+                loss = float(np.mean((x @ state.w - y) ** 2))
+                print(f"step {state.step:3d}  size {ar.size()}  loss {loss:.6f}", flush=True)
+            if state.step % args.commit_every == 0:
+                state.commit()
+
+    train(state)
+    if ar.rank() == 0:
+        print(f"done: w = {np.round(state.w, 4).tolist()} on {ar.size()} ranks", flush=True)
+    ar.shutdown()
+
+
+if __name__ == "__main__":
+    main()
