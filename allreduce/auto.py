@@ -89,6 +89,14 @@ class AutoChooser:
             watch = self.tuner.watches.get(key)
         return algorithm, trial, watch
 
+    def auto_settled(self, flat: np.ndarray, src: np.ndarray | None, transport) -> bool:
+        """Will :meth:`auto_resolve` answer without a message? (a kept pick, or a trial under way:
+        then the call's metadata check may ride in the chosen algorithm's own messages, and the
+        tuner times each contender with its check)."""
+        key = self.auto_key(flat, src)
+        return key in self.auto_picks or (self.tuner is not None and transport is None
+                                          and key in self.tuner.trials)
+
     def auto_key(self, flat: np.ndarray, src: np.ndarray | None = None) -> int:
         """How auto's books (kept picks, the tuner's trials and watches) know a call: its size in
         bytes, or ``~size`` (a negative number) for an in-place call on a registered array

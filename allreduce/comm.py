@@ -5,10 +5,12 @@ This is the boundary where user input is validated. Everything below it
 
     1. checks its arguments locally: dtype, op, algorithm, root_rank
        -> ``TypeError`` / ``ValueError`` before any message is sent;
-    2. allgathers a few integers of metadata (count, dtype, op, ...) so every
-       rank sees every rank's call -> ``MismatchError`` on *every* rank,
-       naming the ranks and their values (``check=False`` skips this). It
-       is one tiny allreduce of the fields' maxima and minima; the
+    2. checks that every rank makes the same call (count, dtype, op,
+       algorithm, root, a call number) -> ``MismatchError`` on *every*
+       rank, naming the ranks and their values (``check=False`` skips
+       this). The metadata travels as a two-integer head inside messages
+       the algorithm sends anyway where it can (rd through the mailbox),
+       else in head-only swaps (:mod:`allreduce.algorithms.agree`); the
        allgather that names the values runs only when they differ;
     3. runs the algorithm on a contiguous 1-D buffer.
 
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import algorithms
+from .algorithms import agree
 from .algorithms.allgather import allgather as _allgather_blocks
 from .algorithms.broadcast import broadcast as _broadcast
 from .auto import _ALGO_CODES, SMALL_BYTES, AutoChooser
@@ -31,16 +34,20 @@ from .autotune import AutoTuner
 from .buffers import ResultPool, Workspace, as_flat, device_allreduce, is_device_array, restore
 from .config import ALGORITHM_NAMES, Config
 from .errors import InvalidArgumentError, MismatchError
+from .ops import _CODES as _DTYPE_CODES   # dtype -> its code: one dict lookup on the hot path
 from .ops import Op, as_op, check_dtype, dtype_code
 from .transport import shared
 from .transport.base import Transport
 
 __all__ = ["Communicator"]
 
-_FIELDS = ("count", "dtype", "op", "algorithm", "root_rank", "shared")
+_ADASUM = Op.ADASUM      # a module global: an enum member looked up on its class costs ~0.1 us
+
+_FIELDS = ("count", "dtype", "op", "algorithm", "root_rank", "shared", "call")   # "call": set by the communicator
 _SHOW = {"dtype": lambda c: str(np.dtype(_dtype_name(c))), "op": lambda c: repr(Op(c)),
          "algorithm": lambda c: ALGORITHM_NAMES[c],
-         "shared": lambda c: "a private array" if c < 0 else f"shared_empty memory at byte {c}"}
+         "shared": lambda c: "a private array" if c < 0 else f"shared_empty memory at byte {c}",
+         "call": lambda c: f"checked call {c}"}
 
 
 def _dtype_name(code: int) -> str:
@@ -71,6 +78,7 @@ class Communicator(AutoChooser):
         # where each node reads its own fitted cost model: on MPI, rank 0's pick is broadcast
         self._agree = self._mpi_transport and transport.size > 1
         self.auto_picks: dict[int, str] = {}     # auto_key -> what auto runs: the tuner's winner or rank 0's pick
+        self._calls = 0                          # checked calls so far: part of each call's metadata
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -93,22 +101,28 @@ class Communicator(AutoChooser):
     def check_agreement(self, what: str, **fields: int) -> None:
         """Raise ``MismatchError`` on every rank if ``fields`` differ between ranks.
 
-        The common case, agreement, costs one tiny allreduce: the elementwise
-        MAX of ``[fields, -fields]`` gives every field's maximum and minimum
-        at once, and they are equal exactly when all ranks agree (recursive
-        doubling: log2 p messages, not an allgather's p - 1; not native
-        ``MPI_Allreduce``, whose wait has no timeout, so a silent peer would
-        hang the check forever). Only on a mismatch, and then on every rank
-        alike, does it allgather the fields to name each rank's value.
+        Agreement costs log2 p swaps of a two-integer head (a hash of the fields and
+        this communicator's call number: :func:`~allreduce.algorithms.agree.agree`), not an
+        allreduce: through the MPI transport's mailbox the integers ride in the counter's cache
+        line, with no data. Every wait is bounded (native ``MPI_Allreduce``'s is not: a silent
+        peer would hang the check). Only on a mismatch, and then on every rank alike, does it
+        allgather the fields to name each rank's value.
         """
         if not self.config.check or self.size == 1:
             return
-        values = [fields.get(f, -1) for f in _FIELDS]
-        k = len(values)
-        bounds = np.array(values + [-v for v in values], dtype=np.int64)   # a handful of ints: Python
-        algorithms.get("rd")(self.transport, bounds, Op.MAX, workspace=self.workspace, segment_bytes=0)
-        top = bounds.tolist()                                              # lists beat numpy ops here
-        if top[:k] == [-v for v in top[k:]]:
+        values = self._metadata(fields.get(f, -1) for f in _FIELDS[:-1])
+        self._raise_if_apart(what, values, agree.agree(self.transport, agree.head(values)))
+
+    def _metadata(self, fields) -> tuple[int, ...]:
+        """This call's metadata: ``fields`` and the call number (every rank counts the same calls)."""
+        values = (*fields, self._calls)
+        self._calls += 1
+        return values
+
+    def _raise_if_apart(self, what: str, values: tuple[int, ...], merged: tuple[int, int]) -> None:
+        """``merged`` is every rank's head merged: if they differ, name every rank's fields and raise
+        (on every rank: every rank holds the same ``merged``)."""
+        if merged[0] == -merged[1]:
             return
         mine = np.array(values, dtype=np.int64)
         table = self.workspace.get("check", self.size * mine.size, np.int64)
@@ -126,31 +140,67 @@ class Communicator(AutoChooser):
 
     # -- allreduce ---------------------------------------------------------------------
     def _prepare(self, x, op, algorithm: str | None) -> tuple[np.ndarray, Op, str]:
-        if not isinstance(x, np.ndarray):
+        # The small-message path: every test below is a class or dict check first (tens of
+        # nanoseconds), the general conversion only when it fails.
+        if x.__class__ is not np.ndarray and not isinstance(x, np.ndarray):
             x = np.asarray(x)
-        op = as_op(op)
-        check_dtype(x.dtype, op)
-        algorithm = self.config.algorithm if algorithm is None else algorithm
-        if algorithm not in _ALGO_CODES:
+        if op.__class__ is not Op:
+            op = as_op(op)
+        if x.dtype not in _DTYPE_CODES:
+            check_dtype(x.dtype, op)
+        if op is _ADASUM:                     # p a power of two: the same answer on every rank, no message
+            from .algorithms.adasum import check
+            check(self.size, x.dtype, self.rank)
+        if algorithm is None:
+            algorithm = self.config.algorithm     # validated when the Config was made
+        elif algorithm not in _ALGO_CODES:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of: {', '.join(ALGORITHM_NAMES)}")
         return x, op, algorithm
 
     def _run_allreduce(self, flat: np.ndarray, op: Op, algorithm: str, transport: Transport | None = None,
                        src: np.ndarray | None = None) -> None:
-        """Reduce into ``flat``: its own contents, or ``src``'s (an out-of-place call)."""
-        if self.config.check and self.size > 1:
+        """Reduce into ``flat``: its own contents, or ``src``'s (an out-of-place call).
+
+        With the check on, the call's metadata becomes a head (:mod:`allreduce.algorithms.agree`)
+        that rides in rd's own exchanges where it can, and in head-only swaps before the
+        algorithm everywhere else; a mismatch raises on every rank before any result is used."""
+        values = None
+        if self.config.check and self.transport.size > 1:
             registered = shared.find(self.transport, flat) if src is None else None
-            self.check_agreement("allreduce", count=flat.size, dtype=dtype_code(flat.dtype), op=int(op),
-                                 algorithm=_ALGO_CODES[algorithm], shared=-1 if registered is None else registered[1])
+            values = (flat.size, _DTYPE_CODES[flat.dtype], int(op), _ALGO_CODES[algorithm], -1,
+                      -1 if registered is None else registered[1], self._calls)
+            self._calls += 1
+        if op is _ADASUM:                 # its own algorithm, whatever ``algorithm`` says (Horovod's too)
+            if values is not None:
+                self._raise_if_apart("allreduce", values, agree.agree(self.transport, agree.head(values)))
+            from .algorithms import adasum
+            if src is not None:
+                flat[...] = src
+            adasum.allreduce(transport or self.transport, flat, op, workspace=self.workspace)
+            return
         trial = watch = None
         if algorithm == "auto":
             # a kept pick under SMALL_BYTES is neither watched nor registered: one lookup (~3% of a 4 us call)
             algorithm = self.auto_picks.get(flat.nbytes) if flat.nbytes < SMALL_BYTES else None
             if algorithm is None:
+                if values is not None and not self.auto_settled(flat, src, transport):
+                    # choosing may talk (rank 0's pick, the tuner's plan): agree on the call first
+                    self._raise_if_apart("allreduce", values, agree.agree(self.transport, agree.head(values)))
+                    values = None
                 algorithm, trial, watch = self.auto_resolve(flat, src, transport)
         start = time.perf_counter() if trial is not None or watch is not None else 0.0
-        algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
-                       segment_bytes=self.config.segment_bytes, src=src)
+        if values is not None:         # the check, timed with the algorithm that carries it (auto's tuner)
+            mine = agree.head(values)
+            if algorithm == "rd" and transport is None and agree.carries(self.transport, flat, src):
+                merged = agree.rd_carrying(self.transport, flat, op, mine, workspace=self.workspace, src=src)
+                algorithm = None
+            else:
+                merged = agree.agree(self.transport, mine)
+            if merged[0] != -merged[1]:
+                self._raise_if_apart("allreduce", values, merged)
+        if algorithm is not None:
+            algorithms.run(algorithm, transport or self.transport, flat, op, workspace=self.workspace,
+                           segment_bytes=self.config.segment_bytes, src=src)
         if trial is not None and trial.record(time.perf_counter() - start):
             self._decide(trial)
         elif watch is not None and watch.record(time.perf_counter() - start):
@@ -158,11 +208,13 @@ class Communicator(AutoChooser):
 
     def allreduce(self, x, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:
         """Return a new array: ``x`` reduced with ``op`` across all ranks. Same shape and dtype."""
-        if is_device_array(x):    # a GPU array comes back as the same type, on the same GPU
+        if x.__class__ is not np.ndarray and is_device_array(x):   # a GPU array comes back on its GPU
             return device_allreduce(self, x, op, algorithm, inplace=False)
         x, op, algorithm = self._prepare(x, op, algorithm)
-        out = self.results.empty(x.size, x.dtype).reshape(x.shape)   # the algorithm reads x, writes out
-        self._run_allreduce(out.reshape(-1), op, algorithm, src=np.ascontiguousarray(x).reshape(-1))
+        # the algorithm reads x (contiguous: ravel copies only a strided array) and writes out
+        out = np.empty(x.shape, x.dtype) if x.nbytes < self.results.min_bytes \
+            else self.results.empty(x.size, x.dtype).reshape(x.shape)
+        self._run_allreduce(out.reshape(-1), op, algorithm, src=x.ravel())
         return out
 
     def allreduce_(self, x: np.ndarray, op=Op.AVERAGE, *, algorithm: str | None = None) -> np.ndarray:

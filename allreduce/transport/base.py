@@ -65,6 +65,15 @@ class Transport(abc.ABC):
         so both sides must call ``exchange``, not one of them ``send``/``recv``."""
         self.sendrecv(sendbuf, peer, recvbuf, peer, tag)
 
+    def exchange_head(self, head: tuple[int, int], peer: int, tag: int) -> tuple[int, int]:
+        """Swap two integers with ``peer``, which makes the matching call at the same step (the
+        metadata check's messages: :mod:`allreduce.algorithms.agree`). Here an :meth:`exchange` of
+        two int64 arrays; the MPI transport writes them into a mailbox's head instead."""
+        mine = np.array(head, np.int64)
+        theirs = np.empty_like(mine)
+        self.exchange(mine, theirs, peer, tag)
+        return tuple(theirs.tolist())
+
     def wait_all(self, requests: Sequence[Request]) -> None:
         for request in requests:
             request.wait()

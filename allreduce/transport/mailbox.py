@@ -21,6 +21,11 @@ which both sides call), and on one node runs it through a mailbox instead::
     take(buf, j):  wait until seq(j>i) == recvd[j] + 1
                    copy data(j>i) into buf;  ack(j>i) = ++recvd[j]
 
+A message may carry a head: two integers written into the seq line before
+seq moves (``put(buf, j, head)``), which the receiver reads first
+(``peek``) and then takes or skips the data. The metadata check rides there
+(:mod:`allreduce.algorithms.agree`): it costs no extra message.
+
 One slot per direction, two counters each written by one side only: the
 sender rewrites the slot only after the receiver has said it is done with
 it, and the receiver reads only what the sender has said is complete. An
@@ -64,10 +69,11 @@ import numpy as np
 
 from ..errors import TransportTimeoutError
 
-__all__ = ["Mailbox", "LIMIT"]
+__all__ = ["Mailbox", "LIMIT", "HEAD_WORDS"]
 
 LIMIT = 32 << 10            #: largest message a box holds, up to 16 ranks on the node (then less)
 _LINE = 64
+HEAD_WORDS = 2              #: integers a message's head carries, beside the counter in its line
 _SPINS = 2000               #: tight polls first: a peer on another core answers within microseconds
 _YIELDS = 2000              #: then sched_yield: an oversubscribed peer needs this core
 _SLEEP = 20e-6
@@ -134,12 +140,19 @@ class Mailbox:
         node.Barrier()                           # every counter is zero before anyone reads one
         return box
 
-    def put(self, buf: np.ndarray, peer: int) -> None:
-        """Send ``buf`` (contiguous, at most ``limit`` bytes) to ``peer``'s :meth:`take`."""
+    def put(self, buf: np.ndarray, peer: int, head: tuple[int, int] | None = None) -> None:
+        """Send ``buf`` (contiguous, at most ``limit`` bytes) to ``peer``'s :meth:`take`.
+
+        ``head``: two integers (int64) that travel in the counter's own cache line (the call's
+        metadata check, :mod:`allreduce.algorithms.agree`): the peer reads them with
+        :meth:`peek` before it decides to copy the data or :meth:`skip` it."""
         seq, ack, data = self._out[peer]
         sent = self._sent[peer]
         if ack[0] < sent:
             self._wait(ack, sent, peer, "send to")
+        if head is not None:
+            seq[1] = head[0]
+            seq[2] = head[1]
         n = buf.nbytes
         if n:
             data[:n] = _bytes(buf)
@@ -159,6 +172,22 @@ class Mailbox:
         if n:
             _bytes(buf)[:] = data[:n]
         ack[0] = self._recvd[peer] = want
+
+    def peek(self, peer: int) -> tuple[int, int]:
+        """Wait for ``peer``'s next :meth:`put` and return its head, leaving the message in the
+        box for :meth:`take` (no second wait) or :meth:`skip`."""
+        seq = self._in[peer][0]
+        want = self._recvd[peer] + 1
+        if seq[0] < want:
+            self._wait(seq, want, peer, "receive from")
+        if self._fence is not None:
+            self._fence()
+        return seq[1], seq[2]
+
+    def skip(self, peer: int) -> None:
+        """Drop ``peer``'s message that :meth:`peek` saw, unread (its head told it is not wanted)."""
+        want = self._recvd[peer] + 1
+        self._in[peer][1][0] = self._recvd[peer] = want
 
     def _wait(self, counter, value: int, peer: int, what: str) -> None:
         fence = self._fence

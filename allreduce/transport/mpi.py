@@ -28,6 +28,7 @@ from ..config import OPEN_MPI_DEFAULTS
 for _name, _value in OPEN_MPI_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
+import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402  (after the settings above, which MPI_Init reads)
 
 from ..errors import TransportTimeoutError
@@ -45,6 +46,7 @@ ENGINE_MAX_PAUSE = 1e-4   # and polls at least every 0.1 ms: a late peer costs a
 
 
 _BYTE = MPI.BYTE                  # a module global: MPI.BYTE is an attribute lookup on every message
+_EMPTY = np.empty(0, np.uint8)     # a message with only a head
 _ISENDRECV: bool | None = None    # MPI_Isendrecv usable here? Found out by the first transport
 
 
@@ -176,6 +178,15 @@ class MPITransport(Transport):
                 request.wait()
                 return
         self.sendrecv(sendbuf, peer, recvbuf, peer, tag)
+
+    def exchange_head(self, head, peer, tag):
+        box = self.mailbox
+        if box is None:
+            return super().exchange_head(head, peer, tag)
+        box.put(_EMPTY, peer, head)             # no data: the integers ride in the counter's line
+        theirs = box.peek(peer)
+        box.skip(peer)
+        return theirs
 
     def wait_all(self, requests):
         self._wait_raw([r.raw for r in requests], lambda: requests)

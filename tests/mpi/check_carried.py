@@ -1,0 +1,152 @@
+"""The metadata check carried in messages (allreduce/algorithms/agree.py), under real MPI.
+
+    mpirun -np 2 python tests/mpi/check_carried.py      # also at -np 3 (rd not carried) and 4
+
+1. rd carrying the head (the mailbox), and every other vehicle (head-only swaps before the
+   algorithm): every dtype and op, sizes 0 to the mailbox's limit and past it, in and out of
+   place: results exact and bitwise equal on every rank.
+2. Mismatches of every field (count, dtype, op, algorithm, root, registered memory, the call
+   number), through each vehicle (rd carried, rd/ring/mpi/shm/auto after head-only
+   swaps, broadcast's check), one rank differing from the others: MismatchError on every rank,
+   naming every rank's value, the same text on every rank; then a correct allreduce.
+3. A count mismatch where one rank's message fits the mailbox and the other's does not (one
+   rank carries the head in its data message, the other sends it alone): no hang.
+Prints ``OK check_carried on N ranks: ...`` from rank 0.
+"""
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import allreduce as ar
+from allreduce.algorithms import agree
+from allreduce.errors import MismatchError
+from allreduce.ops import Op, bfloat16
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rank_checks import check_result  # noqa: E402
+
+c = ar.init(engine=False)
+world = MPI.COMM_WORLD
+me, p = c.rank, c.size
+assert c.transport.mailbox is not None, "the test needs the mailbox (one node, shared memory)"
+limit = c.transport.mailbox.limit
+carried = agree.carries(c.transport, np.empty(8, np.float32), np.empty(8, np.float32))
+VEHICLES = ["rd", "ring", "mpi", "shm", "auto"]
+
+
+def abort(code):
+    world.Abort(code)
+
+
+# 1. results through every vehicle -------------------------------------------------------------
+rng = np.random.default_rng(7)
+results = 0
+for dtype in (np.float32, np.float64, np.int32, bfloat16):
+    for op in Op:
+        for count in (0, 7, limit // np.dtype(dtype).itemsize, limit // np.dtype(dtype).itemsize + 3):
+            xs = [rng.integers(-3, 4, count).astype(dtype) if op != Op.PRODUCT
+                  else rng.choice([-1, 1, 2], count).astype(dtype) for _ in range(p)]
+            for algorithm in ("rd", "auto") if count < 2000 else ("rd",):
+                out = c.allreduce(xs[me], op, algorithm=algorithm)
+                check_result(out, xs, op, me, f"allreduce {algorithm} {count}", abort)
+                inplace = xs[me].copy()
+                c.allreduce_(inplace, op, algorithm=algorithm)
+                check_result(inplace, xs, op, me, f"allreduce_ {algorithm} {count}", abort)
+                both = np.stack(world.allgather(out.view(np.uint8)))
+                if (both != both[0]).any():
+                    print(f"rank {me}: ranks differ bitwise, {algorithm} {count} {dtype} {op!r}", flush=True)
+                    abort(1)
+                results += 2
+
+# 2. mismatches of every field through every vehicle -------------------------------------------
+odd = p - 1                    # the rank that differs (p = 2: rank 1; p = 3: rank 2, which folds in rd)
+
+
+def expect_mismatch(what, call, *needles, settle=None):
+    """``call()`` must raise MismatchError on every rank, naming every rank's value, one text
+    (``settle()`` then puts things right before the next, correct call)."""
+    try:
+        call()
+    except MismatchError as exc:
+        text = str(exc)
+        if settle is not None:
+            settle()
+    else:
+        print(f"rank {me}: no MismatchError for {what}", flush=True)
+        abort(1)
+    for needle in needles:
+        if needle not in text:
+            print(f"rank {me}: {what}: {needle!r} not in {text!r}", flush=True)
+            abort(1)
+    texts = world.allgather(text)
+    if len(set(texts)) != 1:
+        print(f"rank {me}: {what}: ranks raised different texts {texts}", flush=True)
+        abort(1)
+    x = np.full(5, me + 1.0, np.float32)            # still usable
+    check_result(c.allreduce(x, Op.SUM), [np.full(5, r + 1.0, np.float32) for r in range(p)], Op.SUM, me,
+                 f"after {what}", abort)
+
+
+def ranks(values):
+    return ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+
+
+mismatches = 0
+for algorithm in VEHICLES:
+    small = 256                                     # fits the mailbox: rd carries the head
+    n = [small] * p
+    n[odd] = small + 3
+    expect_mismatch(f"count {algorithm}", lambda: c.allreduce(np.ones(n[me], np.float32), algorithm=algorithm),
+                    f"count differs across ranks ({ranks(n)})")
+    dt = [np.float32] * p
+    dt[odd] = np.float64
+    expect_mismatch(f"dtype {algorithm}", lambda: c.allreduce(np.ones(small, dt[me]), algorithm=algorithm),
+                    "dtype differs across ranks (" + ranks([np.dtype(d).name for d in dt]) + ")")
+    ops = [Op.SUM] * p
+    ops[odd] = Op.MAX
+    expect_mismatch(f"op {algorithm}", lambda: c.allreduce(np.ones(small, np.float32), ops[me], algorithm=algorithm),
+                    "op differs across ranks (" + ranks([repr(o) for o in ops]) + ")")
+    other = "ring" if algorithm != "ring" else "rd"
+    names = [algorithm] * p
+    names[odd] = other
+    expect_mismatch(f"algorithm {algorithm}",
+                    lambda: c.allreduce(np.ones(small, np.float32), algorithm=names[me]),
+                    f"algorithm differs across ranks ({ranks(names)})")
+    calls = c._calls
+    if me == odd:
+        c._calls += 1                               # as if this rank had made one more checked call
+
+    def settle():
+        if me != odd:
+            c._calls += 1                           # every rank counts alike again
+    expect_mismatch(f"call number {algorithm}", lambda: c.allreduce(np.ones(small, np.float32), algorithm=algorithm),
+                    "call differs across ranks (" + ranks([f"checked call {calls + (r == odd)}" for r in range(p)]) + ")",
+                    settle=settle)
+    mismatches += 5
+
+roots = [0] * p
+roots[odd] = 1
+expect_mismatch("root", lambda: c.broadcast(np.ones(4), root_rank=roots[me]),
+                f"root_rank differs across ranks ({ranks(roots)})")
+reg = c.shared_empty(64, np.float32)
+shared_or_not = [reg] * p
+shared_or_not[odd] = np.ones(64, np.float32)
+expect_mismatch("shared", lambda: c.allreduce_(shared_or_not[me], algorithm="shm"),
+                "shared differs across ranks", f"rank {odd}: a private array")
+mismatches += 2
+
+# 3. one rank's message fits the mailbox, another's does not: no hang --------------------------
+big = [limit // 4 - 16] * p
+big[odd] = 4 * limit
+start = time.perf_counter()
+expect_mismatch("count across the mailbox limit", lambda: c.allreduce(np.ones(big[me], np.float32), algorithm="rd"),
+                f"count differs across ranks ({ranks(big)})")
+mismatches += 1
+if me == 0:
+    print(f"OK check_carried on {p} ranks: {results} results exact and equal across ranks, {mismatches} "
+          f"mismatches raised on every rank (rd carries the head: {carried}), "
+          f"{time.perf_counter() - start:.2f} s for the last", flush=True)
+ar.shutdown()
