@@ -1,0 +1,85 @@
+"""The default call's small-message latency against raw MPI, and what the metadata check costs.
+
+::
+
+    mpirun --bind-to core -np 2 python benchmarks/latency_bench.py -b 8 -e 4K
+
+OSU latency style (osu_allreduce): one block per size, microseconds, the slowest rank's best
+mean over ``--repeats`` blocks of ``-n`` calls, the rows timed round-robin in one run:
+
+* ``mpi4py``: raw ``comm.Allreduce(x, out)`` into a new array (what a user of mpi4py writes);
+* ``default``: ``ar.allreduce(x, ar.Sum)`` with the defaults: metadata check on, ``auto``;
+* ``check-off``: the same with ``check=False``;
+* ``check``: default minus check-off (what the check adds to the call), and ``head swap``:
+  one head-only swap (``check_agreement``), what the check costs where no message of ours
+  carries it (native ``MPI_Allreduce``, ring, tree, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-b", "--minbytes", type=common.parse_size, default=8)
+    parser.add_argument("-e", "--maxbytes", type=common.parse_size, default=4096)
+    parser.add_argument("-n", "--iters", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--settle", type=int, default=3000, help="calls per size before timing (auto's tuner)")
+    args = parser.parse_args(argv)
+    from mpi4py import MPI
+    import allreduce as ar
+    comm = ar.init(engine=False)
+    world = MPI.COMM_WORLD
+    on = comm.config
+    off = dataclasses.replace(on, check=False)
+
+    def block(fn, x) -> float:
+        world.Barrier()
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            fn(x)
+        return (time.perf_counter() - start) / args.iters
+
+    rows = {"mpi4py": lambda x: world.Allreduce(x, np.empty_like(x), op=MPI.SUM),
+            "default": lambda x: comm.allreduce(x, ar.Sum),
+            "check-off": None,
+            "head swap": lambda x: comm.check_agreement("allreduce", count=x.size, dtype=0, op=0, algorithm=0)}
+    if world.rank == 0:
+        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        print(f"# latency_bench: {world.size} ranks, float32, sum; load average {load} at start")
+        print("# command: mpirun --bind-to core -np %d python benchmarks/latency_bench.py %s"
+              % (world.size, " ".join(sys.argv[1:] if argv is None else argv)))
+        print(f"# time = slowest rank's best mean over {args.repeats} blocks of {args.iters} calls, rows round-robin")
+        print(f"# {'Size':>8} {'mpi4py':>9} {'default':>9} {'check-off':>10} {'check':>8} {'head swap':>10} "
+              f"{'default/mpi4py':>15}")
+    for nbytes in common.size_list(args.minbytes, args.maxbytes, 2.0):
+        x = np.ones(max(1, nbytes // 4), np.float32)
+        for _ in range(args.settle):
+            comm.allreduce(x, ar.Sum)
+        best = {name: float("inf") for name in rows}
+        for _ in range(args.repeats):
+            for name, fn in rows.items():
+                comm.config = off if name == "check-off" else on
+                best[name] = min(best[name], block(fn or rows["default"], x))
+        comm.config = on
+        us = {k: world.allreduce(v, op=MPI.MAX) * 1e6 for k, v in best.items()}
+        if world.rank == 0:
+            print(f"  {nbytes:>8} {us['mpi4py']:>9.2f} {us['default']:>9.2f} {us['check-off']:>10.2f} "
+                  f"{us['default'] - us['check-off']:>8.2f} {us['head swap']:>10.2f} "
+                  f"{us['default'] / us['mpi4py']:>14.2f}x", flush=True)
+    ar.shutdown()
+
+
+if __name__ == "__main__":
+    main()
