@@ -20,6 +20,9 @@ time, instead of waiting out ``ALLREDUCE_TIMEOUT`` (30 s):
           MPI_Iprobe                      drives MPI's progress: the runtime's
                                           failure notice is handled inside it
           MPI_Comm_get_failed -> group    the ranks known dead (a local call)
+          /proc/<pid>/stat of each peer   on this host: gone or a zombie
+                                          (a second witness: MPI's notice was
+                                          once late by more than 30 s)
           MPI_Comm_is_revoked             a survivor already gave up on it
           any of them -> PeerLostError naming the dead ranks
 
@@ -30,6 +33,8 @@ transport then has no ``Liveness``). The runtime's notice arrived in
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 from mpi4py import MPI   # import allreduce.transport.mpi before this module: it sets Open MPI's defaults
@@ -102,9 +107,15 @@ class Liveness:
     """The dead-peer check of one communicator (see the module doc)."""
 
     def __init__(self, comm, rank: int, *, interval: float = INTERVAL):
+        """Collective over ``comm`` (an allgather of every rank's host and pid)."""
         self.comm, self.rank, self.interval = comm, rank, interval
         self._next = 0.0
         self.dead: list[int] = []     #: ranks found dead, once found
+        # Peers on this host, by pid: a second witness, for when MPI's notice is late (it was
+        # once, by more than 30 s, in an engine thread under load: tests/test_elastic.py).
+        host = socket.gethostname()
+        self._pids = [(r, pid) for r, (h, pid) in enumerate(comm.allgather((host, os.getpid())))
+                      if h == host and r != rank]
 
     def check(self, what: str = "waited for a peer") -> None:
         """Raise ``PeerLostError`` if a rank of the communicator is known dead (rate-limited)."""
@@ -128,10 +139,25 @@ class Liveness:
             if not is_peer_failure(exc):
                 raise
             revoked = True
-        dead = failed_ranks(comm)
+        dead = failed_ranks(comm) or self._gone()
         if dead or revoked or comm.Is_revoked():
             self.dead = dead or self.dead
             raise _lost(self.rank, self.dead, what)
+
+    def _gone(self) -> list[int]:
+        """Ranks on this host whose process has ended (no such pid, or a zombie)."""
+        gone = []
+        for rank, pid in self._pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+                if state in (b"Z", b"X"):
+                    gone.append(rank)
+            except (FileNotFoundError, ProcessLookupError):
+                gone.append(rank)
+            except (OSError, IndexError):
+                pass
+        return gone
 
     def broken(self) -> bool:
         """Whether the communicator lost a rank or was revoked (then no collective free may run on it)."""
