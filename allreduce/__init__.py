@@ -11,7 +11,7 @@ See README.md for the layers and docs/ for the lessons.
 from .api import (allgather, allgather_object, allreduce, allreduce_, allreduce_async, allreduce_async_,
                   alltoall, barrier, broadcast,
                   broadcast_object, communicator, explain_choice, grouped_allreduce, init, is_initialized,
-                  local_rank, local_size, rank, reducescatter, shared_empty, shutdown, size,
+                  join, local_rank, local_size, rank, reducescatter, shared_empty, shutdown, size,
                   start_timeline, stop_timeline, synchronize)
 from .comm import Communicator
 from .config import Config
@@ -19,7 +19,7 @@ from .engine import Compression, Compressor, Handle
 from .errors import (AllreduceError, CompressionError, InvalidArgumentError, MismatchError,
                      NotInitializedError, PeerLostError, ShutdownError, StallError, TransportError,
                      TransportTimeoutError)
-from .ops import Average, Max, Min, Op, Product, Sum, bfloat16
+from .ops import Adasum, Average, Max, Min, Op, Product, Sum, bfloat16
 
 __version__ = "0.1.0"
 
@@ -27,9 +27,9 @@ __all__ = [
     "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size",
     "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "alltoall", "broadcast_object",
     "allgather_object", "barrier", "explain_choice", "shared_empty",
-    "allreduce_async", "allreduce_async_", "grouped_allreduce", "synchronize", "Handle", "Compression", "Compressor",
+    "allreduce_async", "allreduce_async_", "grouped_allreduce", "synchronize", "join", "Handle", "Compression", "Compressor",
     "start_timeline", "stop_timeline",
-    "Op", "Sum", "Average", "Min", "Max", "Product", "bfloat16",
+    "Op", "Sum", "Average", "Min", "Max", "Product", "Adasum", "bfloat16",
     "Communicator", "Config",
     "AllreduceError", "CompressionError", "InvalidArgumentError", "MismatchError",
     "NotInitializedError", "PeerLostError", "ShutdownError", "StallError", "TransportError",

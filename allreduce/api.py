@@ -20,13 +20,14 @@ import numpy as np
 from .comm import Communicator
 from .config import Config
 from .engine import Compression, Engine, Handle
-from .errors import AllreduceError, InvalidArgumentError, NotInitializedError
+from .errors import AllreduceError, InvalidArgumentError, MismatchError, NotInitializedError
 from .ops import Op
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter",
            "alltoall", "broadcast_object", "allgather_object", "barrier", "explain_choice",
-           "allreduce_async", "grouped_allreduce", "synchronize", "shared_empty", "start_timeline", "stop_timeline"]
+           "allreduce_async", "grouped_allreduce", "synchronize", "join", "shared_empty", "start_timeline",
+           "stop_timeline"]
 
 _current: Communicator | None = None
 _engine: Engine | None = None
@@ -209,6 +210,36 @@ def allreduce_async_(x: np.ndarray, name: str | None = None, op=Op.AVERAGE,
     return _running_engine().submit(x, name=name, op=op, compression=compression, inplace=True)
 
 
+def join() -> int:
+    """Horovod's ``hvd.join()``: this rank has run out of data; block until every rank has joined.
+
+    Until then the other ranks' named allreduces go on, this rank taking part in each with zeros
+    of the agreed shape and dtype. ``Average`` divides by the full size, joined ranks included
+    (Horovod's rule: with one of 4 ranks joined the result is the active ranks' sum / 4).
+    ``allgather``, ``broadcast`` and ``alltoall`` raise ``MismatchError`` on a rank that knows
+    another has joined, as Horovod's do; a rank learns it in its engine's next cycle (any
+    allreduce finished since the join guarantees it). Joining again after every rank has
+    joined starts over.
+
+    Returns:
+        The last rank to join (the highest of those that joined in the same engine cycle).
+    """
+    return _running_engine().join()
+
+
+def _unjoined(what: str) -> Communicator:
+    """The communicator, for a collective that every rank must enter itself: refused while a
+    rank is known to have joined (it waits in ``join()`` and would never enter it)."""
+    current = communicator()
+    joined = _engine.joined_ranks if _engine is not None else frozenset()
+    if joined:
+        raise MismatchError(f"rank {current.rank}: {what} is not supported while rank(s) "
+                            f"{', '.join(map(str, sorted(joined)))} have joined (as in Horovod, only "
+                            "allreduce goes on with a joined rank's zeros); call it before join() or "
+                            "after every rank has joined")
+    return current
+
+
 def synchronize(handle: Handle) -> np.ndarray:
     """Wait for ``handle`` and return its result (Horovod's ``hvd.synchronize``)."""
     return handle.wait()
@@ -246,6 +277,10 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
     """
     eng = _running_engine()
     arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
+    if op is Op.ADASUM:        # Adasum's coefficients belong to each tensor: no packing into one vector
+        handles = [eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression)
+                   for i, x in enumerate(arrays)]
+        return [h.wait() for h in handles]
     groups: dict[np.dtype, list[int]] = {}
     for i, x in enumerate(arrays):
         groups.setdefault(x.dtype, []).append(i)
@@ -263,12 +298,12 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
 
 def broadcast(x, root_rank: int = 0) -> np.ndarray:
     """Root's ``x`` on every rank (a new array)."""
-    return communicator().broadcast(x, root_rank)
+    return _unjoined("broadcast").broadcast(x, root_rank)
 
 
 def allgather(x) -> np.ndarray:
     """Every rank's ``x`` concatenated along axis 0, in rank order."""
-    return communicator().allgather(x)
+    return _unjoined("allgather").allgather(x)
 
 
 def reducescatter(x, op=Op.AVERAGE) -> np.ndarray:
@@ -279,17 +314,17 @@ def reducescatter(x, op=Op.AVERAGE) -> np.ndarray:
 def alltoall(x, splits=None) -> tuple[np.ndarray, np.ndarray]:
     """Send ``splits[j]`` rows of ``x`` to rank j (equal shares without splits); return
     ``(received rows, received splits)``. See :meth:`Communicator.alltoall`."""
-    return communicator().alltoall(x, splits)
+    return _unjoined("alltoall").alltoall(x, splits)
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:
     """Root's picklable ``obj`` on every rank."""
-    return communicator().broadcast_object(obj, root_rank)
+    return _unjoined("broadcast_object").broadcast_object(obj, root_rank)
 
 
 def allgather_object(obj: Any) -> list[Any]:
     """Every rank's picklable ``obj``, as a list in rank order."""
-    return communicator().allgather_object(obj)
+    return _unjoined("allgather_object").allgather_object(obj)
 
 
 def explain_choice(nbytes: int) -> str:

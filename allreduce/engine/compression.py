@@ -249,6 +249,13 @@ class Compression:
     bf16: HalfCompressor = HalfCompressor(half.BFLOAT16, "bf16")
 
 
+#: The built-in compressors by name (error feedback included): what a joined rank can rebuild to
+#: reduce zeros for a tensor it never submitted (negotiation.py's join).
+BUILTIN = {c.name: c for c in (Compression.none, Compression.fp16, Compression.bf16,
+                               Compression.fp16.with_error_feedback(), Compression.bf16.with_error_feedback())}
+BUILTIN_NAMES = frozenset(BUILTIN)
+
+
 def check_compressor(compression) -> Compressor:
     """Return ``compression`` if it looks like a compressor; raise ``TypeError`` otherwise."""
     if compression is None:

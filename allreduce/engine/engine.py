@@ -24,6 +24,10 @@ Tests run p engines as p threads over one ``ThreadWorld``::
 Shutdown on any rank stops every rank's engine at the same cycle: tensors
 ready everywhere are still reduced, the rest fail with ``ShutdownError``.
 
+:meth:`Engine.join` is Horovod's ``join()`` for uneven data: this rank has
+no more batches; it blocks while the other ranks' allreduces go on, with
+zeros in its place (negotiation.py), and returns the last rank to join.
+
 When cycles run (early on a burst of submits, stretched while idle) is
 :mod:`.pacing`'s job.
 """
@@ -35,12 +39,13 @@ import time
 
 import numpy as np
 
+from ..algorithms import adasum
 from ..comm import Communicator
 from ..config import Config
 from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
-from ..ops import Op, as_op, check_dtype
+from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
 from ..transport.base import Transport
-from .compression import check_compressor, precompress
+from .compression import BUILTIN, check_compressor, precompress
 from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion, plan
 from .handle import Entry, GroupHandle, Handle
 from .negotiation import Negotiator
@@ -92,6 +97,8 @@ class Engine:
         self._inflight: set[str] = set()
         self._stopping = False
         self._stopped: BaseException | None = None        # why the engine no longer accepts work
+        self._join: Handle | None = None                  # this rank's join, until every rank has joined
+        self._join_queued = False
         self.pacer = Pacer(config.cycle_time / 1000.0)
         self._unnamed = 0
         self._thread = threading.Thread(target=self._run, name=f"allreduce-engine-rank{self.rank}", daemon=True)
@@ -120,6 +127,8 @@ class Engine:
         x = x if isinstance(x, np.ndarray) else np.asarray(x)
         op = as_op(op)
         check_dtype(x.dtype, op)
+        if op is Op.ADASUM:
+            adasum.check(self.size, x.dtype, self.rank)     # every rank raises alike, nothing queued
         compressor = check_compressor(compression)
         self._check_name(name)
         handle = Handle(name, self.pacer.hurry)
@@ -139,6 +148,8 @@ class Engine:
             raise InvalidArgumentError(f"rank {self.rank}: a group needs at least one array")
         op = as_op(op)
         dtype = check_dtype(arrays[0].dtype, op)
+        if op is Op.ADASUM:
+            adasum.check(self.size, dtype, self.rank)
         for i, a in enumerate(arrays):
             if a.dtype != dtype:
                 raise InvalidArgumentError(f"rank {self.rank}: a group has one dtype, but array {i} is "
@@ -177,6 +188,33 @@ class Engine:
             self._queue.append(entry)
         self.pacer.submitted()              # the engine starts a cycle once this burst of submits ends
 
+    def join(self, timeout: float | None = None) -> int:
+        """Horovod's ``join()``: this rank has run out of data. Block until every rank has joined.
+
+        Meanwhile the other ranks' allreduces go on: this rank takes part in each with zeros of
+        the agreed shape and dtype, so ``Average`` divides the active ranks' sum by the full
+        size (Horovod's rule), and Min, Max and Product see zeros too. Allgather and broadcast
+        fail on the ranks that call them while a rank is joined (``ar.allgather``), as
+        Horovod's do. Once every rank has joined, every rank's ``join`` returns, and the next
+        join starts over.
+
+        Returns:
+            The last rank to join (the highest of those that joined in the same cycle).
+        """
+        return self.join_async().wait(timeout)
+
+    def join_async(self) -> Handle:
+        """:meth:`join` without blocking: its handle's ``wait()`` returns the last rank to join."""
+        with self._lock:
+            if self._stopped is not None or self._stopping:
+                raise ShutdownError(f"rank {self.rank}: the allreduce engine is shut down")
+            if self._join is not None:
+                raise InvalidArgumentError(f"rank {self.rank}: join() is already in progress on this rank")
+            self._join = handle = Handle("allreduce.join", self.pacer.hurry)
+            self._join_queued = True
+        self.pacer.submitted()
+        return handle
+
     # -- the timeline, started and stopped at run time (hvd.start_timeline / stop_timeline) -------
     mark_cycles = False                                   # a CYCLE_START tick per cycle on the timeline
 
@@ -196,6 +234,11 @@ class Engine:
         self.mark_cycles = False
         if self.timeline is not None:
             self.timeline.close()
+
+    @property
+    def joined_ranks(self) -> frozenset[int]:
+        """The ranks this rank's engine knows to have joined (empty once every rank has)."""
+        return self.negotiator.joined
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the engine on every rank (at the same cycle) and join its thread.
@@ -252,7 +295,11 @@ class Engine:
         if self.timeline is not None:
             trace_negotiation(self.timeline, self.pending, out.ranks, out.ready, agreed, self.size)
         for name, error in out.errors.items():
-            self._finish(self.pending.pop(name), error)
+            entry = self.pending.pop(name, None)            # None: a joined rank that lacks it
+            if entry is not None:
+                self._finish(entry, error)
+        for name, meta in out.zeros.items():                 # joined: reduce zeros in this rank's place
+            self.pending[name] = self._zeros(name, meta)
         for name, (ready, missing) in out.stalled.items():
             entry = self.pending.pop(name, None)
             if entry is not None:
@@ -262,6 +309,11 @@ class Engine:
             if self.timeline is not None:
                 self.timeline.spans([e.name for e in batch.entries], "WAIT_FOR_BATCH", agreed, time.monotonic())
             self._run_batch(batch)
+        if out.joined is not None:                           # every rank has joined
+            with self._lock:
+                handle, self._join = self._join, None
+            if handle is not None:
+                handle._set(out.joined)
         if out.shutdown:
             with self._lock:
                 self._stopping = True
@@ -290,6 +342,8 @@ class Engine:
     def _drain(self) -> None:
         with self._lock:                     # once per cycle: a submit must not append to a drained list
             queue, self._queue = self._queue, []
+            if self._join_queued:
+                self._join_queued, self.negotiator.joining = False, True
         now = time.monotonic()
         for entry in queue:
             if self.timeline is not None:
@@ -313,12 +367,24 @@ class Engine:
         else:
             entry.handle._set(result)
 
+    def _zeros(self, name: str, meta) -> Entry:
+        """A tensor this joined rank never submitted: zeros of the agreed shape (a group's
+        arrays flat, back to back), dtype, op and compression."""
+        shape, dtype_name, op, compressor = meta
+        if shape and isinstance(shape[0], tuple):
+            shape = (sum(int(np.prod(s, dtype=np.int64)) for s in shape),)
+        dtype = next(d for d in SUPPORTED_DTYPES if d.name == dtype_name)
+        return Entry(name, np.zeros(shape, dtype), Op(op), BUILTIN[compressor], Handle(name))
+
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
             self._stopping = True
             if self._stopped is None:
                 self._stopped = error
             queue, self._queue = self._queue, []
+            join, self._join, self._join_queued = self._join, None, False
+        if join is not None:
+            join._fail(error)
         for entry in list(self.pending.values()) + queue:
             self._finish(entry, error)
         self.pending.clear()

@@ -87,7 +87,8 @@ def plan(ready: list[Entry], threshold: int, direct_bytes: int = DIRECT_BYTES) -
 
     A tensor larger than the threshold gets a batch of its own; plain ones
     of at least ``direct_bytes`` go into direct batches (no fusion buffer);
-    ``threshold=0`` turns fusion off (one batch per tensor). Only agreed
+    ``threshold=0`` turns fusion off (one batch per tensor), and so does Adasum (its
+    coefficients belong to each tensor: one batch each). Only agreed
     metadata decides, so every rank forms the same batches.
     """
     batches: list[Batch] = []
@@ -98,7 +99,7 @@ def plan(ready: list[Entry], threshold: int, direct_bytes: int = DIRECT_BYTES) -
         direct = nbytes >= direct_bytes and entry.payload is None and wire == entry.flat.dtype
         key = (entry.flat.dtype, wire, entry.op, entry.compressor.name, direct)   # dtypes hash by value
         batch = open_.get(key)
-        if batch is None or (batch.entries and batch.nbytes + nbytes > threshold):
+        if batch is None or (batch.entries and (batch.nbytes + nbytes > threshold or entry.op is Op.ADASUM)):
             batch = open_[key] = Batch(wire, entry.op, entry.compressor, direct)
             batches.append(batch)
         batch.entries.append(entry)

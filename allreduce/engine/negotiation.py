@@ -33,6 +33,18 @@ evicts it from the cache on every rank.
 
 Execution order: ready cache positions in position order, then names
 resolved this cycle in table order. Both are the same on every rank.
+
+Join (Horovod's ``hvd.join()``, for uneven data). A rank that has run out of
+batches announces a join record on the slow path (it raises ``pending`` and
+``slow`` for that cycle), so every rank adds it to the replicated ``joined``
+set in the same cycle. From then on a name counts as ready when every rank
+not joined has submitted it; a joined rank that lacks it reduces zeros of the
+agreed shape and dtype (``Outcome.zeros``), so ``Average`` divides the active
+ranks' sum by the full size, as Horovod's does. The cycle in which the last
+rank joins reports the highest rank among those that joined in it
+(``Outcome.joined``) and empties the set: joins start over after that.
+A name with a custom compressor cannot be zero-filled (its payload is the
+compressor's): it fails on every rank while a rank that lacks it is joined.
 """
 from __future__ import annotations
 
@@ -45,6 +57,7 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..ops import Op
+from .compression import BUILTIN_NAMES
 from .handle import Entry, Meta
 
 __all__ = ["Negotiator", "Outcome", "describe_meta"]
@@ -57,7 +70,7 @@ _BITS = 63   # rank bits per int64 word: bits 0..62, so the Sum of distinct bits
 class Outcome:
     """What one cycle decided; the same on every rank."""
 
-    __slots__ = ("ready", "errors", "stalled", "shutdown", "ranks")
+    __slots__ = ("ready", "errors", "stalled", "shutdown", "ranks", "zeros", "joined")
 
     def __init__(self):
         self.ready: list[str] = []                           # execute in this order
@@ -65,6 +78,8 @@ class Outcome:
         self.stalled: dict[str, tuple[list[int], list[int]]] = {}  # name -> (ready ranks, missing)
         self.shutdown = False
         self.ranks: dict[str, frozenset[int]] = {}           # who is ready, per name seen this cycle
+        self.zeros: dict[str, Meta] = {}                     # ready names this (joined) rank reduces as zeros
+        self.joined: int | None = None                       # every rank has joined: the last one to
 
 
 def describe_meta(field: int, value) -> str:
@@ -116,16 +131,21 @@ class Negotiator:
         self._full = np.zeros(self.words, np.int64)          # the mask of a name ready everywhere
         for r in range(size):
             self._full[r // _BITS] |= 1 << (r % _BITS)
+        self.joining = False                     # this rank has a join to announce (set by the engine)
+        self.joined: frozenset[int] = frozenset()     # ranks joined, the same on every rank
+        self._joined_mask = np.zeros(self.words, np.int64)
+        self._last_joined = -1
 
     # -- the cycle -------------------------------------------------------------------------
     def negotiate(self, pending: dict[str, Entry], *, shutdown: bool, cutoff: int) -> Outcome:
         """Run one cycle of the protocol over this rank's ``pending`` entries."""
         self.cycle += 1
         out = Outcome()
-        flags = [1 if pending else 0, 0, 1 if shutdown else 0,
+        joining = self.joining
+        flags = [1 if pending or joining else 0, 0, 1 if shutdown else 0,
                  cutoff + 1 if self.rank == 0 and cutoff >= 0 else 0]
         new = [e for e in pending.values() if not e.announced and self._cached_meta(e.name) != e.meta]
-        flags[_SLOW] = 1 if new else 0
+        flags[_SLOW] = 1 if new or joining else 0
         if self.tiny:
             vec = self._exchange(flags, None)
             self.stats["tiny"] += 1
@@ -139,37 +159,69 @@ class Negotiator:
         self.tiny = vec[_PENDING] == 0
         out.shutdown = bool(vec[_SHUTDOWN])
         masks = vec[_FLAGS:].reshape(len(self.names), self.words)
-        full = (masks == self._full).all(axis=1).tolist()  # ready on every rank
+        if self.joined:                                     # joined ranks count as ready
+            full = ((masks | self._joined_mask) == self._full).all(axis=1).tolist()
+        else:
+            full = (masks == self._full).all(axis=1).tolist()  # ready on every rank
         partial_now: dict[str, frozenset[int]] = {}
         for pos in np.flatnonzero(masks.any(axis=1)).tolist():   # 1. cached names someone is ready for
             name = self.names[pos]
-            if full[pos]:
+            if full[pos] and self._zero_fill(name, self.metas[pos], pos, masks[pos], out):
                 out.ready.append(name)
                 out.ranks[name] = self._everyone
             else:
                 partial_now[name] = out.ranks[name] = self._ranks(masks[pos])
         if vec[_SLOW]:                                      # 2. new names
             self.stats["slow"] += 1
-            self._merge(self._allgather([(e.name, e.meta) for e in new]))
+            records = [(e.name, e.meta) for e in new] + ([(None, ())] if joining else [])
+            self.joining = False
+            self._merge(self._allgather(records))
             for e in new:
                 e.announced = True
         for name, metas in list(self.table.items()):
             ranks = frozenset(metas)
             out.ranks[name] = ranks
-            if len(metas) < self.size:
+            if len(metas) + len(self.joined - ranks) < self.size:
                 partial_now[name] = ranks
                 continue
             del self.table[name]
-            first = metas[0]
-            if all(m == first for m in metas.values()):
+            first = metas[min(metas)]
+            if not all(m == first for m in metas.values()):
+                out.errors[name] = _mismatch(name, metas)
+            elif self._zero_fill(name, first, None, ranks, out):
                 self._insert(name, first)
                 out.ready.append(name)
-            else:
-                out.errors[name] = _mismatch(name, metas)
+        if len(self.joined) == self.size:                   # everyone has joined: report, start over
+            out.joined = self._last_joined
+            self._set_joined(frozenset())
         self._track_partial(partial_now, int(vec[_CUTOFF]) - 1, out)
         return out
 
     # -- pieces ------------------------------------------------------------------------------
+    def _zero_fill(self, name: str, meta: Meta, pos: int | None, ready, out: Outcome) -> bool:
+        """A name ready with joined ranks' help: record zeros for this rank if it lacks the name;
+        False (and an error on every rank) where zeros cannot stand in (a custom compressor)."""
+        if not self.joined:
+            return True
+        lacking = self.joined - (self._ranks(ready) if pos is not None else ready)
+        if not lacking:
+            return True
+        if meta[3] not in BUILTIN_NAMES:
+            out.errors[name] = MismatchError(
+                f"allreduce of {name!r}: rank(s) {', '.join(map(str, sorted(lacking)))} joined without "
+                f"it, and its custom compressor {meta[3]!r} cannot be zero-filled there; use a built-in "
+                "compression or submit it on every rank")
+            return False
+        if self.rank in lacking:
+            out.zeros[name] = meta
+        return True
+
+    def _set_joined(self, joined: frozenset[int]) -> None:
+        self.joined = joined
+        self._joined_mask[:] = 0
+        for r in joined:
+            self._joined_mask[r // _BITS] |= 1 << (r % _BITS)
+
     def _cached_meta(self, name: str) -> Meta | None:
         pos = self.positions.get(name)
         return None if pos is None else self.metas[pos]
@@ -203,13 +255,20 @@ class Negotiator:
         return frozenset(ranks)
 
     def _merge(self, announcements: list[list[tuple[str, Meta]]]) -> None:
+        joined = set(self.joined)
         for rank, records in enumerate(announcements):     # rank order: the same table everywhere
             for name, meta in records:
+                if name is None:                             # a join record
+                    joined.add(rank)
+                    self._last_joined = rank
+                    continue
                 pos = self.positions.pop(name, None)
                 if pos is not None:                          # cached name with new metadata: evict
                     self.names[pos] = self.metas[pos] = None
                     heapq.heappush(self.free, pos)
                 self.table.setdefault(name, {})[rank] = tuple(meta)
+        if len(joined) != len(self.joined):
+            self._set_joined(frozenset(joined))
 
     def _insert(self, name: str, meta: Meta) -> None:
         if name in self.positions:

@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from .. import algorithms, autotune
+from ..algorithms import adasum
 from ..comm import Communicator
 from ..config import Config
 from ..ops import Op
@@ -97,6 +98,11 @@ class Reducer:
     def allreduce(self, buf: np.ndarray, op: Op, src: np.ndarray | None = None) -> str:
         """Reduce ``buf`` in place (or ``src`` into ``buf``) with the configured algorithm; return
         the algorithm's name."""
+        if op is Op.ADASUM:                   # not element-wise: its own algorithm, one tensor a call
+            if src is not None:
+                buf[...] = src
+            adasum.allreduce(self.transport, buf, op, workspace=self.comm.workspace)
+            return "adasum"
         name = self.algorithm
         if name == "auto":
             name = self.comm.pick(buf.nbytes)
@@ -119,6 +125,8 @@ class Reducer:
         many-call is not taken on trust: each batch is timed against :data:`EACH` per array
         (:meth:`_tuned_many`, the module's docstring).
         """
+        if op is Op.ADASUM:
+            return "+".join(sorted({self.allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
         name = self.many if len(bufs) > 1 else None      # one array: one call of the model's pick
         if name is not None and self.tunes:
             return self._tuned_many(bufs, op, srcs)
