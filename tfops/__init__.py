@@ -11,12 +11,19 @@ Covered names (same names and argument names as Horovod):
 
 ``tfops``
     init, shutdown, is_initialized, size, rank, local_rank, local_size,
-    Sum, Average, Min, Max, Compression (none, fp16, bf16),
-    allreduce(tensor, op=Average, compression=Compression.none, name=None),
-    grouped_allreduce(tensors, op=Average, compression=Compression.none, name=None),
-    allgather(tensor, name=None), broadcast(tensor, root_rank, name=None),
-    broadcast_variables(variables, root_rank), broadcast_object(obj, root_rank=0),
-    allgather_object(obj),
+    Sum, Average, Min, Max, Product, Compression (none, fp16, bf16; compress/decompress take
+    tf tensors as well as the engine's numpy arrays: tfops.compression),
+    allreduce(tensor, average=None, device_dense='', device_sparse='', compression=Compression.none,
+    op=None, prescale_factor=1.0, postscale_factor=1.0, name=None), grouped_allreduce(tensors, ...the
+    same; any op; tf.IndexedSlices allgathered), allgather(tensor, name=None),
+    broadcast(tensor, root_rank, name=None) (both with Horovod's averaged gradients: tfops.gather),
+    broadcast_variables(variables, root_rank), broadcast_(variables, root_rank),
+    broadcast_global_variables(root_rank), broadcast_object(obj, root_rank=0),
+    broadcast_object_fn(root_rank=0), allgather_object(obj), start_timeline(file_path,
+    mark_cycles=False), stop_timeline(), size_op(), rank_op(), local_size_op(), local_rank_op(),
+    the capability queries (mpi_built ... is_homogeneous: tfops.queries), MismatchError (also a
+    tf.errors.FailedPreconditionError: tfops.errors). Dtypes: Horovod's ten (uint8 ... bool) and
+    bfloat16.
     DistributedGradientTape(gradtape, compression=..., sparse_as_dense=False, op=Average),
     DistributedOptimizer(optimizer, name=None, compression=..., sparse_as_dense=False, op=Average,
     backward_passes_per_step=1, average_aggregated_gradients=False).
@@ -38,14 +45,11 @@ ProcessSet(ranks), add_process_set, remove_process_set, global_process_set,
 process_set_included_op, init(process_sets=...), and process_set= on every collective
 (tfops.process_sets).
 
-Covered by issue 27 (T1): Product; allreduce/grouped_allreduce with Horovod's arguments (average=,
-device_dense, device_sparse, prescale_factor, postscale_factor; grouped: any op and tf.IndexedSlices);
-averaged allgather/broadcast gradients (tfops.gather); broadcast_, broadcast_global_variables,
-broadcast_object_fn; start_timeline/stop_timeline; size_op, rank_op, local_size_op, local_rank_op
-and the capability queries (tfops.queries); MismatchError, also a tf.errors.FailedPreconditionError
-(tfops.errors); Compression on tf tensors (tfops.compression); dtypes uint16, int16, bool.
+join() (for uneven data: tfops.ops.join, allreduce.join) and op=Adasum on allreduce,
+grouped_allreduce, DistributedGradientTape and DistributedOptimizer (allreduce/algorithms/adasum.py).
 
-Not covered: Adasum, ``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
+Not covered:
+``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
 optimizers and sessions, ``hvd.load_model``, ``momentum_correction`` (accepted, ignored).
 
 Every op works eagerly, inside ``tf.function`` and inside ``model.fit`` (a
@@ -59,8 +63,9 @@ from __future__ import annotations
 import allreduce as _ar
 
 from .hooks import GradientHooks
-from .ops import (Average, Compression, Max, Min, Product, Sum, XlaNotSupportedError, allgather, allgather_object,
-                  allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce)
+from .ops import (Adasum, Average, Compression, Max, Min, Product, Sum, XlaNotSupportedError, allgather,
+                  allgather_object, allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce,
+                  join)
 from .gather import broadcast_, broadcast_global_variables, broadcast_object_fn
 from .errors import MismatchError
 from . import queries as _queries
@@ -83,13 +88,13 @@ allgather = with_process_set(allgather, _sets.allgather_in_set)
 broadcast = with_process_set(broadcast, _sets.broadcast_in_set)
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
-           "Sum", "Average", "Min", "Max", "Compression", "allreduce", "grouped_allreduce", "allgather",
-           "broadcast", "broadcast_variables", "broadcast_object", "allgather_object",
+           "Sum", "Average", "Min", "Max", "Adasum", "Compression", "allreduce", "grouped_allreduce",
+           "allgather", "broadcast", "broadcast_variables", "broadcast_object", "allgather_object", "join",
            "DistributedGradientTape", "DistributedOptimizer", "GradientHooks", "XlaNotSupportedError",
-           "PartialDistributedGradientTape", "SyncBatchNormalization",
            "alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter",
            "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
            "process_set_included_op", "NotInProcessSetError",
+           "PartialDistributedGradientTape", "SyncBatchNormalization",
            "Product", "MismatchError", "broadcast_", "broadcast_global_variables", "broadcast_object_fn",
            "start_timeline", "stop_timeline", "size_op", "rank_op", "local_size_op", "local_rank_op",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",

@@ -41,12 +41,12 @@ from . import arguments
 from .compression import Compression, check_compression
 from .errors import tf_typed
 
-__all__ = ["submit", "wait", "grouped", "Sum", "Average", "Min", "Max", "Product", "Compression", "XlaNotSupportedError",
-           "allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object",
-           "allgather_object"]
+__all__ = ["submit", "wait", "grouped", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
+           "XlaNotSupportedError", "allreduce", "grouped_allreduce", "allgather", "join", "broadcast",
+           "broadcast_variables", "broadcast_object", "allgather_object"]
 
-Sum, Average, Min, Max, Product = ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product
-_OPS = (Sum, Average, Min, Max, Product)
+Sum, Average, Min, Max, Product, Adasum = ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product, ar.Adasum
+_OPS = (Sum, Average, Min, Max, Product, Adasum)
 _names = itertools.count()
 
 
@@ -81,7 +81,7 @@ _plain_python = tf.autograph.experimental.do_not_convert
 
 def _check_op(op):
     if op not in _OPS:
-        raise ValueError(f"op must be tfops.Sum, Average, Min, Max or Product; got {op!r}")
+        raise ValueError(f"op must be tfops.Sum, Average, Min, Max, Product or Adasum; got {op!r}")
     return ar.Op(op)
 
 
@@ -114,7 +114,7 @@ def _allreduce_dense(x: tf.Tensor, op, compression, name: str) -> tf.Tensor:
 
 
 def _allreduce_grad(x, y, dy, op, compression, name):
-    if op in (Sum, Average):
+    if op in (Sum, Average, Adasum):         # Adasum: the upstream gradients' Adasum, as Horovod's
         return _allreduce_differentiable(dy, op, compression, name + ".grad")
     return _chain(x, y, _allreduce_differentiable(dy, Sum, compression, name + ".grad"), op, name)
 
@@ -167,7 +167,7 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
         device_dense, device_sparse: accepted for Horovod's scripts; the reduction runs in
             the engine on host memory whatever the device.
         compression: ``tfops.Compression.none`` (default), ``fp16`` or ``bf16``.
-        op: ``Sum``, ``Average`` (the default), ``Min``, ``Max`` or ``Product``.
+        op: ``Sum``, ``Average`` (the default), ``Min``, ``Max``, ``Product`` or ``Adasum``.
         prescale_factor, postscale_factor: multiply before / after the reduction.
         name: the name every rank uses for this tensor; default: an automatic
             name that matches across ranks calling the ops in the same order.
@@ -206,7 +206,7 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
     Args:
         tensors: dense tensors of any shapes and dtypes, and ``tf.IndexedSlices`` (allgathered,
             as :func:`allreduce` does; Sum and Average only, unscaled).
-        op: ``Sum``, ``Average`` (default), ``Min``, ``Max`` or ``Product``;
+        op: ``Sum``, ``Average`` (default), ``Min``, ``Max``, ``Product`` or ``Adasum``;
             ``average``, the scale factors and the device arguments as in :func:`allreduce`.
         compression: ``Compression.none``, ``fp16`` or ``bf16``.
         name: the group's name; tensor i is named ``name.i``.
@@ -246,13 +246,28 @@ def _grouped_differentiable(xs: list, op, compression, base: str, names: list[st
 
         def grad(*dys):
             dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
-            linear = op in (Sum, Average)
+            linear = op in (Sum, Average, Adasum)
             totals = grouped_allreduce(dys, op=op if linear else Sum, compression=compression, name=base + ".grad")
             if linear:
                 return totals
             return [_chain(x, y, t, op, f"{base}.{i}") for i, (x, y, t) in enumerate(zip(xs, ys, totals))]
         return ys, grad
     return list(forward(*xs))
+
+
+# --------------------------------------------------------------------------- join
+@_plain_python
+def join() -> tf.Tensor:
+    """Horovod's ``hvd.join()``: this rank has run out of data; block until every rank has joined.
+
+    Meanwhile the other ranks' allreduces go on with zeros in this rank's place, so ``Average``
+    divides by the full size, joined ranks included, as Horovod's does (:func:`allreduce.join`).
+    Works eagerly and inside ``tf.function``.
+
+    Returns:
+        An int32 scalar tensor: the last rank to join.
+    """
+    return _numpy_call("join", lambda: np.int32(ar.join()), [], [tf.int32])[0]
 
 
 # --------------------------------------------------------------------------- allgather / broadcast
