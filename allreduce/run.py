@@ -51,7 +51,7 @@ _FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH")
 # mpirun options that take values, so "--mca btl tcp,self" is not mistaken for the command.
 _TAKES = {"--mca": 2, "--prtemca": 2, "-x": 1, "--map-by": 1, "--bind-to": 1, "--rank-by": 1,
           "-H": 1, "--host": 1, "--hostfile": 1, "--machinefile": 1, "-wdir": 1, "--wdir": 1,
-          "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1}
+          "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1, "--min-np": 1, "--max-np": 1}
 GRACE_SECONDS = 10.0
 # How Open MPI 5 names a failed process: "[prterun-host-123@1,3]" is rank 3, and
 # "process rank 3 with PID ..." in its signal report.
