@@ -3,9 +3,10 @@
     allreduce-run -np 3 python tests/mpi/soak.py                 # 10^5 ops (tests/test_soak.py)
     allreduce-run -np 3 python tests/mpi/soak.py --ops 1000000 --report 50   # the long soak
 
-A family is a (dtype, op, fp16 compression or not): 8 dtypes x 5 ops plus
-fp16 on float32/float64 for Sum/Average, 44 in all. Each family owns
-``--per-step // 44`` names (45 by default). Every step, every rank submits
+A family is a (dtype, op, fp16 compression or not): every supported dtype
+with every op it accepts (11 dtypes x 5 ops, less bool's Average) plus fp16
+on float32/float64 for Sum/Average, 58 in all. Each family owns
+``--per-step // 58`` names (34 by default). Every step, every rank submits
 every name once, each rank in its own random order: one random family per
 step through ``grouped_allreduce``, the rest one by one through
 ``allreduce_async``, then waits in another random order. Sizes are random
@@ -38,7 +39,7 @@ from allreduce.ops import SUPPORTED_DTYPES, Op
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--ops", type=int, default=100_000, help="tensor allreduces in total (per rank)")
 parser.add_argument("--per-step", type=int, default=2000, help="tensors per step")
-parser.add_argument("--families", type=int, default=44, help="(dtype, op, compression) families per step, of 44")
+parser.add_argument("--families", type=int, default=0, help="(dtype, op, compression) families per step (0: all 58)")
 parser.add_argument("--volatile", type=float, default=0.1,
                     help="fraction of each family's names whose size changes every step (cache evictions)")
 parser.add_argument("--rss-bound-mib", type=float, default=20.0, help="allowed VmRSS growth after warm-up")
@@ -49,8 +50,10 @@ parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
 # A family fixes (dtype, op, fp16 compression); every name belongs to one family.
-FAMILIES = [(np.dtype(d), op, False) for d in SUPPORTED_DTYPES for op in Op] + \
+FAMILIES = [(np.dtype(d), op, False) for d in SUPPORTED_DTYPES for op in Op
+            if not (np.dtype(d).kind == "b" and op == Op.AVERAGE)] + \
            [(np.dtype(d), op, True) for d in (np.float32, np.float64) for op in (Op.SUM, Op.AVERAGE)]
+args.families = args.families or len(FAMILIES)
 PER_FAMILY = args.per_step // args.families
 ar.init(cycle_time=args.cycle_ms, cache_capacity=2 * len(FAMILIES) * PER_FAMILY)
 p, me = ar.size(), ar.rank()
