@@ -155,10 +155,11 @@ BAD_SUBMITS = [
     (dict(name=""), InvalidArgumentError, "name must be a non-empty string"),
     (dict(name=3), InvalidArgumentError, "name must be a non-empty string"),
     (dict(x=np.ones(2, np.complex64)), TypeError, "unsupported dtype complex64"),
-    (dict(x=np.ones(2, bool)), TypeError, "unsupported dtype bool"),
+    (dict(x=np.ones(2, bool), op=Op.AVERAGE), TypeError, "Average of bool is undefined"),
     (dict(x=np.array(["ab"])), TypeError, "unsupported dtype <U2"),
     (dict(x=np.array([object()])), TypeError, "unsupported dtype object"),
-    (dict(x=np.ones(2, np.uint16)), TypeError, "unsupported dtype uint16"),
+    (dict(x=np.ones(2, np.longdouble)), TypeError, f"unsupported dtype {np.dtype(np.longdouble)}"),
+    (dict(x=np.ones(2, np.uint32)), TypeError, "unsupported dtype uint32"),
 ]
 
 
