@@ -20,6 +20,7 @@ import numpy as np
 from .comm import Communicator
 from .config import Config
 from .engine import Compression, Engine, Handle
+from .engine.handle import GroupedHandle
 from .errors import AllreduceError, InvalidArgumentError, MismatchError, NotInitializedError
 from .ops import Op
 
@@ -33,18 +34,41 @@ _current: Communicator | None = None
 _engine: Engine | None = None
 
 
-def _node_layout(mpi_comm, fake_node_size: int) -> tuple[int, int]:
-    """``(local_rank, local_size)``: this rank's place among the ranks on its node."""
+def _node_layout(mpi_comm, fake_node_size: int) -> tuple[int, int, int]:
+    """``(local_rank, local_size, nodes)``: this rank's place among the ranks on its node, and the
+    number of real nodes (MPI's placement, whatever ``fake_node_size`` pretends)."""
     from mpi4py import MPI
-    if fake_node_size:
-        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-        node = rank // fake_node_size
-        return rank % fake_node_size, min(fake_node_size, size - node * fake_node_size)
     local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return local.Get_rank(), local.Get_size()
+        nodes = mpi_comm.allreduce(int(local.Get_rank() == 0))
+        if fake_node_size:
+            rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+            node = rank // fake_node_size
+            return rank % fake_node_size, min(fake_node_size, size - node * fake_node_size), nodes
+        return local.Get_rank(), local.Get_size(), nodes
     finally:
         local.Free()
+
+
+def _link(transport, config: Config, nodes: int):
+    """The inter-node link ``auto`` prices (:mod:`allreduce.algorithms.network`): ``ALLREDUCE_LINK``
+    if set, else measured once here (collective) when the job spans real nodes; None on one node."""
+    from .algorithms import network
+    try:
+        link = network.parse_link(config.link) if config.link else None
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    if nodes <= 1:
+        return None
+    if link is None:
+        from mpi4py import MPI
+        local = transport.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:                                       # a node is named by its lowest rank
+            node_ids = transport.comm.allgather(local.allreduce(transport.rank, op=MPI.MIN))
+        finally:
+            local.Free()
+        link = network.probe(transport, node_ids)
+    return link
 
 
 def init(comm=None, **settings: Any) -> Communicator:
@@ -64,7 +88,8 @@ def init(comm=None, **settings: Any) -> Communicator:
     mailbox = config.shm_p2p and not config.fake_node_size
     transport = MPITransport(comm, timeout=config.timeout, mailbox=mailbox, elastic=config.elastic)
     transport.fake_node_size = config.fake_node_size      # hierarchical's node layout, for testing
-    local_rank, local_size = _node_layout(transport.comm, config.fake_node_size)
+    local_rank, local_size, nodes = _node_layout(transport.comm, config.fake_node_size)
+    transport.nodes, transport.link = nodes, _link(transport, config, nodes)   # auto across real nodes
     from . import faults
     faults.install(transport.rank, transport.size)   # an uncaught exception aborts every rank, naming this one
     current = Communicator(transport, config=config, local_rank=local_rank, local_size=local_size)
@@ -80,6 +105,7 @@ def init(comm=None, **settings: Any) -> Communicator:
             engine_transport = MPITransport(transport.comm, timeout=config.timeout, spins=ENGINE_SPINS,
                                             max_pause=ENGINE_MAX_PAUSE, mailbox=mailbox, elastic=config.elastic)
             engine_transport.fake_node_size = config.fake_node_size
+            engine_transport.nodes, engine_transport.link = transport.nodes, transport.link
             _engine = Engine(engine_transport, config=config, local_size=local_size)
         except BaseException:
             current.close()
@@ -275,25 +301,32 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
     Returns:
         The reduced arrays, in the order of ``xs``.
     """
+    return grouped_allreduce_async(xs, name=name, op=op, compression=compression).wait()
+
+
+def grouped_allreduce_async(xs, name: str | None = None, op=Op.AVERAGE,
+                            compression=Compression.none) -> GroupedHandle:
+    """:func:`grouped_allreduce` without blocking (Horovod's ``grouped_allreduce_async``).
+
+    Returns:
+        A :class:`~allreduce.engine.handle.GroupedHandle`: ``wait()`` (or :func:`synchronize`)
+        returns the reduced arrays in the order of ``xs``.
+    """
     eng = _running_engine()
     arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
     if op is Op.ADASUM:        # Adasum's coefficients belong to each tensor: no packing into one vector
-        handles = [eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression)
-                   for i, x in enumerate(arrays)]
-        return [h.wait() for h in handles]
+        parts = [([i], eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression))
+                 for i, x in enumerate(arrays)]
+        return GroupedHandle(name, parts, len(arrays))
     groups: dict[np.dtype, list[int]] = {}
     for i, x in enumerate(arrays):
         groups.setdefault(x.dtype, []).append(i)
-    handles = []
+    parts = []
     for dtype, members in groups.items():
         label = name if name is None or len(groups) == 1 else f"{name}.{dtype}"
-        handles.append((members, eng.submit_group([arrays[i] for i in members], name=label, op=op,
-                                                  compression=compression)))
-    out: list = [None] * len(arrays)
-    for members, handle in handles:
-        for i, result in zip(members, handle.wait()):
-            out[i] = result
-    return out
+        parts.append((members, eng.submit_group([arrays[i] for i in members], name=label, op=op,
+                                                compression=compression)))
+    return GroupedHandle(name, parts, len(arrays))
 
 
 def broadcast(x, root_rank: int = 0) -> np.ndarray:

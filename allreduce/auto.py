@@ -28,7 +28,7 @@ import logging
 import numpy as np
 
 from . import algorithms, autotune
-from .algorithms import select
+from .algorithms import network, select
 from .algorithms.broadcast import broadcast as _broadcast
 from .config import ALGORITHM_NAMES
 from .ops import Op
@@ -72,7 +72,20 @@ class AutoChooser:
             names.append("mpi")                      # the MPI library's own: unbeatable latency
             if self.local_size == self.size and self.size > 1:
                 names.append("shm")                  # one node: reduce straight from shared memory
+            elif self.nodes < self.size and self._link is not None:
+                names.append("hierarchical")         # real nodes of several ranks: shm inside, ring across
         return tuple(names)
+
+    @property
+    def nodes(self) -> int:
+        """Hosts this job spans by MPI's real placement (``ar.init()`` sets ``transport.nodes``;
+        ``ALLREDUCE_FAKE_NODE_SIZE`` does not count): above 1, ``auto`` prices the network."""
+        return getattr(self.transport, "nodes", 1)
+
+    @property
+    def _link(self):
+        """The inter-node :class:`~allreduce.algorithms.network.Link` when the job spans nodes, else None."""
+        return getattr(self.transport, "link", None) if self.nodes > 1 else None
 
     def auto_resolve(self, flat: np.ndarray, src: np.ndarray | None, transport) -> tuple:
         """What an ``auto`` call on ``flat`` runs: ``(algorithm, trial, watch)``, the trial and
@@ -183,7 +196,11 @@ class AutoChooser:
             self.auto_picks.pop(watch.nbytes, None)
 
     def ranked(self, nbytes: int) -> list[tuple[str, float]]:
-        """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first."""
+        """``auto``'s candidates with the model's predicted seconds for ``nbytes``, fastest first
+        (across nodes: :mod:`~allreduce.algorithms.network`'s model with the link's constants)."""
+        if self._link is not None:
+            return network.ranked(nbytes, self.size, self.nodes, self._link, candidates=self.auto_candidates,
+                                  path=self.config.costmodel)
         return select.ranked(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
                              cold=self.cold)
 
@@ -193,8 +210,8 @@ class AutoChooser:
         the environment: a small call cannot afford more)."""
         name = self._auto.get(nbytes)
         if name is None:
-            name = select.choose(nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel,
-                                 cold=self.cold)
+            name = self.ranked(nbytes)[0][0] if self._link is not None else select.choose(
+                nbytes, self.size, candidates=self.auto_candidates, path=self.config.costmodel, cold=self.cold)
             if len(self._auto) >= 4096:
                 self._auto.clear()
             self._auto[nbytes] = name

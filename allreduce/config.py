@@ -13,6 +13,7 @@ ALLREDUCE_SEGMENT_BYTES            segment_bytes                 262144
 ALLREDUCE_TIMEOUT                  timeout                       30.0
 ALLREDUCE_COSTMODEL                costmodel                     (per machine)
 ALLREDUCE_FAKE_NODE_SIZE           fake_node_size                0 (off)
+ALLREDUCE_LINK                     link (rate[,latency])         "" (measured when the job spans nodes)
 ALLREDUCE_SHM_P2P                  shm_p2p                       1 (0 under --mca btl without sm)
 ALLREDUCE_ENGINE                   engine                        1
 ALLREDUCE_CYCLE_TIME               cycle_time (milliseconds)     1.0
@@ -86,6 +87,7 @@ class Config:
     costmodel: str = ""              #: path of fitted cost-model constants ("" = per machine cache)
     autotune: bool = True            #: auto times the model's best few on each size's first calls (MPI)
     fake_node_size: int = 0          #: pretend nodes hold this many ranks (testing hierarchical)
+    link: str = ""                   #: the inter-node link for auto, "10gbit" or "0.96gbit,31us" ("": measure it)
     shm_p2p: bool = True             #: one node: small swaps (rd, tree at p = 2) through shared mailboxes
     engine: bool = True              #: start the engine thread in init()
     cycle_time: float = 1.0          #: engine cycle, milliseconds
@@ -109,6 +111,7 @@ class Config:
         "costmodel": "ALLREDUCE_COSTMODEL",
         "autotune": "ALLREDUCE_AUTOTUNE",
         "fake_node_size": "ALLREDUCE_FAKE_NODE_SIZE",
+        "link": "ALLREDUCE_LINK",
         "shm_p2p": "ALLREDUCE_SHM_P2P",
         "engine": "ALLREDUCE_ENGINE",
         "cycle_time": "ALLREDUCE_CYCLE_TIME",

@@ -106,8 +106,11 @@ def run(args) -> dict:
     strategy = None
     if args.compare_mwms and size > 1:
         # MultiWorkerMirroredStrategy must exist before TF runs any op, so it comes first.
-        ports = ar.broadcast_object(free_ports(size) if rank == 0 else None)
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+        # Each worker at its own host's address and a port free there: across the namespace cluster
+        # (allreduce-run --cluster) the hostname is the host's address; on one node, localhost.
+        here = socket.gethostname() if ar.communicator().nodes > 1 else "localhost"
+        workers = ar.allgather_object(f"{here}:{free_ports(1)[0]}")
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                               "task": {"type": "worker", "index": rank}})
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras

@@ -6,7 +6,8 @@ Run by tests/test_cluster.py as ``allreduce-run --cluster=PREFIX -np P python cl
    ``local_size()`` and hierarchical's node split follow mpirun's real placement (k consecutive ranks
    per host), ``ALLREDUCE_FAKE_NODE_SIZE`` is not set, ranks of different hosts share no core (while
    there are as many cores as hosts), and the job yields: a 4 KiB allreduce across an oversubscribed
-   host takes well under a scheduler time slice (179 ms per call when ranks spun, issue 26).
+   host takes well under a scheduler time slice (179 ms per call when ranks spun, issue 26);
+   ``auto`` prices the network: the link measured at init, hierarchical among its candidates.
 2. The core correctness matrix (matrix_check.py's three scripts) with hierarchical and auto added.
 3. The engine's any-order test (engine_stress.py).
 4. With ``--tf`` (an even world size): the tfops training-equivalence test (tf_train.py).
@@ -44,6 +45,18 @@ for r, (name, cores, lrank, lsize) in enumerate(everyone):
     assert (lrank, lsize) == (r % k, min(k, p - host * k)), f"rank {r}: local {lrank}/{lsize}, host {host}"
 lay = hierarchical.layout(ar.communicator().transport)
 assert lay.nodes == hosts, f"rank {me}: hierarchical sees {lay.nodes} nodes, not {hosts}"
+# auto across real nodes (allreduce/algorithms/network.py): the link measured at init, the same on every
+# rank; hierarchical a candidate where hosts hold several ranks, shm never; the engine's choice the same.
+c = ar.communicator()
+link = c.transport.link
+assert c.nodes == hosts and link is not None and link.source == "measured" and link.alpha > 0 and link.beta > 0, \
+    f"rank {me}: nodes {c.nodes}, link {link}"
+assert world.allgather((link.alpha, link.beta)) == [(link.alpha, link.beta)] * p, "ranks priced different links"
+assert ("hierarchical" in c.auto_candidates) == (k > 1) and "shm" not in c.auto_candidates, c.auto_candidates
+from allreduce import api                               # noqa: E402
+assert api._engine.comm.auto_candidates == c.auto_candidates and api._engine.comm.nodes == hosts
+for nbytes in (4 << 10, 16 << 20):
+    assert c.ranked(nbytes)[0][1] > 0 and len(set(world.allgather(c.pick(nbytes)))) == 1
 by_host = {}
 for name, cores, _, _ in everyone:
     by_host.setdefault(name, set()).update(cores)
