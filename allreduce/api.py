@@ -365,7 +365,7 @@ def explain_choice(nbytes: int) -> str:
     from .algorithms.explain_choice import explain_choice as _explain
     c = communicator()
     text = _explain(nbytes, c.size, local_size=c.local_size, path=c.config.costmodel,
-                    candidates=c.auto_candidates)
+                    candidates=c.auto_candidates, nodes=c.nodes, link=c._link)
     tried = c.tuner.decided.get(nbytes) if c.tuner is not None else None
     if tried:     # the run-time tuner has measured this size (allreduce/autotune.py): that decides
         text += (f"\n  measured at run time (us, best block's mean, slowest rank): "

@@ -16,7 +16,9 @@ training: examples/synthetic_benchmark.py, images/sec of tfops against
 tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
 thread per rank, and scaling efficiency against -np 1; peers (benchmarks/peers/section.py):
 ours against Gloo (torch, the [bench] extra) and Horovod 0.28.1 (horovod.tensorflow in
-.venv-horovod, built once by benchmarks/peers/build_horovod.sh), launches in turn.
+.venv-horovod, built once by benchmarks/peers/build_horovod.sh), launches in turn;
+cluster (benchmarks/cluster_section.py, root only: it brings up and takes down a
+namespace cluster; not root, it says so in one line and keeps the saved run).
 
 Everything in BENCHMARKS.md comes from this one run: the tables are the
 benchmarks' own stdout, verbatim; the ratios (benchmarks/goals.py) are computed from the same
@@ -79,7 +81,7 @@ TRAINING_ROUNDS = 3   # launches per world size, alternating; the table shows me
 TRAINING = ("examples/synthetic_benchmark.py",
             f"--scaling 1,2 --rounds {TRAINING_ROUNDS} --compare-mwms --local-baseline --barrier-baseline "
             "--threads 1")
-SECTIONS = [*SWEEPS, "training", "peers"]
+SECTIONS = [*SWEEPS, "training", "peers", "cluster"]
 
 
 def _env() -> dict:
@@ -108,6 +110,8 @@ def run_sweep(name: str, timeout: float, *, quick: bool = False) -> tuple[str, d
         return run_training(timeout)
     if name == "peers":
         return run_peers(timeout, quick=quick)
+    if name == "cluster":
+        return run_cluster(timeout)
     ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
     out, shown = RESULTS / f"{name}.json", _shown(name, quick)
     mca, extra_env = WIRES.get(name, ([], {}))
@@ -172,11 +176,31 @@ def run_peers(timeout: float, *, quick: bool = False) -> tuple[str, dict | None,
     return text, data, _shown("peers")
 
 
+def run_cluster(timeout: float) -> tuple[str, dict | None, str]:
+    """Issue 26's goals on the namespace cluster (benchmarks/cluster_section.py; root only): a cluster
+    brought up and taken down here. Not root: one line saying so, and the saved results (if any) kept."""
+    from benchmarks import cluster_section
+    print(f"[report] {_shown('cluster')}", file=sys.stderr, flush=True)
+    why = cluster_section.refused()
+    if why and _saved("cluster"):
+        text, data, shown = load_sweep("cluster")
+        return f"# {why}; the section below is the saved run\n" + text, data, shown
+    start = time.time()
+    text, data = cluster_section.run(_env(), timeout)
+    if data is not None:
+        data["seconds"] = round(time.time() - start, 1)
+        (RESULTS / "cluster.json").write_text(json.dumps(data, indent=1) + "\n")
+        (RESULTS / "cluster.txt").write_text(text + "\n")
+    return text, data, _shown("cluster")
+
+
 def _shown(name: str, quick: bool = False) -> str:
     if name == "training":
         return f"python {TRAINING[0]} {TRAINING[1]} --json {_rel(RESULTS / 'training.json')}"
     if name == "peers":     # its launches are the '# launch' lines of the section
         return "python benchmarks/report.py --only peers" + (" --quick" if quick else "")
+    if name == "cluster":   # as root; its commands are the '$' lines of the section
+        return "python benchmarks/report.py --only cluster"
     ranks, script, arguments = (QUICK if quick else SWEEPS)[name]
     oversubscribe = "--oversubscribe " if ranks > (os.cpu_count() or 1) else ""
     mca, extra_env = WIRES.get(name, ([], {}))
@@ -218,7 +242,8 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
               "engine": "Engine: fusion, compression, ResNet-50 step, round-trip latency",
               "engine_tcp": "Engine over TCP, every rank its own node: fusion and compression where the wire is a network stack",
               "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2",
-              "peers": "Peers: ours against Gloo (torch.distributed) and Horovod (horovod.tensorflow), -np 2"}
+              "peers": "Peers: ours against Gloo (torch.distributed) and Horovod (horovod.tensorflow), -np 2",
+              "cluster": "Cluster: 2 namespace hosts on a shaped link, 1 and 10 Gbit/s (issue 26)"}
     for name, (text, data, shown) in runs.items():
         lines += [f"## {titles[name]}", "", "```", shown, "```", ""]
         if name == "training":
@@ -269,6 +294,17 @@ def training_preface(data: dict | None) -> list[str]:
     return [" ".join(lines), ""]
 
 
+def _kept_sections(path: Path, page: str) -> str:
+    """The '## ' sections of the page at ``path`` that ``page`` does not have (written by other
+    benchmarks' commands, which they name), kept verbatim at the end instead of dropped."""
+    if not path.is_file():
+        return ""
+    titles = set(re.findall(r"^## (.+)$", page, re.M))
+    kept = [part for part in re.split(r"^(?=## )", path.read_text(), flags=re.M)[1:]
+            if part.splitlines()[0][3:] not in titles]
+    return "".join("\n" + part.rstrip() + "\n" for part in kept)
+
+
 def _header(started: str, seconds: float | None, ran: list[str], loaded: list[str], loaded_at: str) -> str:
     if not loaded:
         return f"Generated by `python benchmarks/report.py` on {started} in {seconds:.0f} s."
@@ -299,6 +335,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="skip the engine benchmark")
     parser.add_argument("--no-training", action="store_true", help="skip the training benchmark")
     parser.add_argument("--no-peers", action="store_true", help="skip the Gloo and Horovod comparison")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the namespace cluster (needs root)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per sweep")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sweeps, to check the pipeline (no goals; skips training)")
@@ -324,7 +361,8 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time()
     skip = {"np4": args.no_np4, "engine": args.no_engine, "engine_tcp": args.no_engine,
-            "training": args.no_training or args.quick, "peers": args.no_peers}
+            "training": args.no_training or args.quick, "peers": args.no_peers,
+            "cluster": args.no_cluster or args.quick}
     notes = [f"Note: `--quick` skips the training benchmark (examples/synthetic_benchmark.py, about 2 minutes: {TRAINING_ROUNDS} rounds of launches); "
              "run `python benchmarks/report.py --only training` for it."] if args.quick else []
     names = [n for n in SECTIONS if not skip.get(n) or n in only]
@@ -343,7 +381,7 @@ def main(argv=None) -> int:
     plots = {}
     for name, (_, data, _) in runs.items():
         png = RESULTS / f"{name}.png"
-        if data and name not in ("engine", "engine_tcp", "training", "peers"):
+        if data and name not in ("engine", "engine_tcp", "training", "peers", "cluster"):
             if name in fresh or not png.is_file():      # a saved sweep keeps its saved plot
                 plot.plot_run(data, png)
             plots[name] = _rel(png)
@@ -355,7 +393,8 @@ def main(argv=None) -> int:
         fit_text = proc.stdout if proc.returncode == 0 else f"fit failed: {proc.stderr.strip()}"
     machine = next((d["machine"] for _, d, _ in runs.values() if d and "machine" in d), None)
     header = _header(started, time.time() - t0, ran, loaded, loaded_at)
-    Path(args.out).write_text(render(runs, fit_text, plots, machine or common.machine_description(), header, notes))
+    page = render(runs, fit_text, plots, machine or common.machine_description(), header, notes)
+    Path(args.out).write_text(page + _kept_sections(Path(args.out), page))
     print(f"[report] wrote {args.out} in {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
 

@@ -129,3 +129,12 @@ def test_refused_namespaces_say_so_in_one_line():
                            "up", "--nodes", "2"], capture_output=True, text=True, timeout=60, env=mpi_env())
     assert proc.returncode == 1, proc
     assert proc.stderr.count("\n") == 1 and "not permitted" in proc.stderr, proc.stderr
+
+
+def test_report_section_says_why_it_skips(monkeypatch):
+    """benchmarks/report.py's cluster section, where namespaces are refused: one line, before making anything."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import cluster_section
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    text, data = cluster_section.run({}, timeout=10)
+    assert data is None and text.count("\n") == 0 and "needs root" in text, text

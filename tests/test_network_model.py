@@ -57,3 +57,12 @@ def test_candidates_on_real_nodes():
     one_node = _Chooser(4, 4, 1, None).auto_candidates                         # unchanged on one node
     assert one_node == ("ring", "tree", "rhd", "rd", "mpi", "shm")
     assert "hierarchical" not in _Chooser(4, 2, 1, None).auto_candidates        # fake nodes: unchanged
+
+
+def test_explain_choice_across_nodes():
+    from allreduce.algorithms.explain_choice import explain_choice
+    text = explain_choice(16 << 20, 4, local_size=2, nodes=2, link=network.parse_link("1gbit"),
+                          candidates=("ring", "tree", "rhd", "rd", "mpi", "hierarchical"))
+    lines = text.splitlines()
+    assert "across 2 nodes" in lines[0] and lines[2].split()[0] == "hierarchical" and "<- auto" in lines[2]
+    assert text.count("<- auto") == 1 and len(lines) == 8

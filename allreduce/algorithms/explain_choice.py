@@ -52,7 +52,8 @@ def predictions(nbytes: int, p: int, *, local_size: int | None = None,
 
 
 def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: str = "",
-                   candidates: tuple[str, ...] = ("ring", "tree", "rhd", "rd")) -> str:
+                   candidates: tuple[str, ...] = ("ring", "tree", "rhd", "rd"), nodes: int = 1,
+                   link=None) -> str:
     """A table of every algorithm's predicted time for one allreduce, fastest first.
 
     Args:
@@ -62,9 +63,14 @@ def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: 
         path: fitted cost-model file ("" = the per-machine cache).
         candidates: what ``auto`` chooses among (``Communicator.auto_candidates``).
 
+        nodes, link: real nodes and their :class:`~.network.Link` (a job across nodes: the
+            network model of :mod:`.network` decides, as ``auto`` does there).
+
     Returns:
         The table as text (one line per algorithm), with ``auto``'s choice marked.
     """
+    if link is not None and nodes > 1:
+        return _across_nodes(nbytes, p, nodes, link, path, candidates)
     chosen = select.choose(nbytes, p, candidates=candidates, path=path) if p > 1 else None
     local = p if local_size is None else max(1, min(local_size, p))
     lines = [f"allreduce of {nbytes} bytes on {p} ranks ({math.ceil(p / local)} node(s) of up to {local}): "
@@ -78,4 +84,18 @@ def explain_choice(nbytes: int, p: int, *, local_size: int | None = None, path: 
     for name, (seconds, note) in sorted(rows.items(), key=lambda kv: kv[1][0]):
         mark = "  <- auto" if name == chosen else ""
         lines.append(f"  {name:<13}{seconds * 1e6:>12.1f}   {note}{mark}")
+    return "\n".join(lines)
+
+
+def _across_nodes(nbytes: int, p: int, nodes: int, link, path: str, candidates: tuple[str, ...]) -> str:
+    """The table for a job across ``nodes`` real nodes: each candidate's network-model time and its
+    link terms (:mod:`.network`)."""
+    from . import network
+    rows = network.ranked(nbytes, p, nodes, link, candidates=candidates, path=path)
+    lines = [f"allreduce of {nbytes} bytes on {p} ranks across {nodes} nodes, link {link}: predicted time "
+             "per algorithm (its single-node model + messages and bytes through one host's link)",
+             f"  {'algorithm':<13}{'time (us)':>12}   messages / bytes per byte across the link"]
+    for i, (name, seconds) in enumerate(rows):
+        a, b = network.cross_terms(name, p, nodes, nbytes)
+        lines.append(f"  {name:<13}{seconds * 1e6:>12.1f}   {a:g} / {b:.3g}{'  <- auto' if i == 0 else ''}")
     return "\n".join(lines)
