@@ -153,7 +153,7 @@ def _sub_communicator(world: Communicator, ranks: list[int]) -> Communicator | N
         sub.Free()
     transport.fake_node_size = 0
     config = dataclasses.replace(world.config, fake_node_size=0)
-    local_rank, local_size = api._node_layout(transport.comm, 0)
+    local_rank, local_size, _ = api._node_layout(transport.comm, 0)
     return Communicator(transport, config=config, local_rank=local_rank, local_size=local_size)
 
 
