@@ -107,3 +107,25 @@ def test_a_peer_that_never_starts_fails_the_handles_instead_of_hanging():
     with pytest.raises(ShutdownError, match="timed out"):
         engine.submit(np.ones(2), name="y")
     engine.shutdown(timeout=5)
+
+
+def test_out_of_step_ranks_fail_every_waiting_name_on_every_rank_then_go_on(monkeypatch):
+    # Rank 1 "failed a step and moved on": it waits for 'next' while ranks 0 and 2 still wait
+    # for 'step'. Nobody can go on; within OUT_OF_STEP_SECONDS (not stall_shutdown_time) both
+    # names fail on every rank that submitted them, with one message naming who waits for what.
+    from allreduce.engine import stall
+    monkeypatch.setattr(stall, "OUT_OF_STEP_SECONDS", 0.3)
+    p = 3
+    with engines(p, stall_shutdown_time=600) as engs:
+        start = time.monotonic()
+        handles = [engs[r].submit(np.ones(4), name="next" if r == 1 else "step") for r in range(p)]
+        messages = []
+        for h in handles:
+            with pytest.raises(StallError) as info:
+                h.wait(20)
+            messages.append(str(info.value))
+        assert time.monotonic() - start < 15, "out of step must fail long before stall_shutdown_time"
+        assert "out of step" in messages[0] and "'next' submitted by rank(s) 1, missing on rank(s) 0, 2" \
+            in messages[0] and "'step' submitted by rank(s) 0, 2, missing on rank(s) 1" in messages[0]
+        assert messages[0] == messages[2] and messages[1].split(":", 1)[1] == messages[0].split(":", 1)[1]
+        _check_good(wait_all(submit_all(engs, _good(p, 3), op=Op.SUM)), p, 3)    # in step again: works

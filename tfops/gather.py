@@ -121,7 +121,10 @@ def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope
 
         def grad(dy):
             mean = allreduce(tf.convert_to_tensor(dy), op=Average, name=name + ".grad")
-            return mean if ar.rank() == root_rank else tf.zeros_like(mean)
+            if ar.rank() == root_rank:
+                return mean
+            with tf.control_dependencies([mean]):    # a TF1 graph would prune the allreduce: every rank runs it
+                return tf.zeros_like(mean)
         return y, grad
     return forward(x)
 

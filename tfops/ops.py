@@ -40,6 +40,7 @@ from allreduce.errors import AllreduceError
 from . import arguments
 from .compression import Compression, check_compression
 from .errors import tf_typed
+from . import graph_order
 
 __all__ = ["submit", "wait", "grouped", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
            "XlaNotSupportedError", "allreduce", "grouped_allreduce", "allgather", "join", "broadcast",
@@ -100,7 +101,8 @@ def _numpy_call(what: str, fn, inputs: list, dtypes: list) -> list:
             "tf.function(jit_compile=False)); the tfops.keras callbacks switch it off with a warning.")
         error.ag_pass_through = True       # autograph would re-wrap it as a StagingError
         raise error
-    out = tf.numpy_function(tf_typed(fn), inputs, dtypes, stateful=True, name=f"tfops_{what}")
+    out = graph_order.ordered(      # TF1 graphs: in creation order on every rank (tfops.graph_order)
+        lambda: tf.numpy_function(tf_typed(fn), inputs, dtypes, stateful=True, name=f"tfops_{what}"))
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 

@@ -205,7 +205,10 @@ def broadcast_in_set(tensor, root_rank, process_set=None, **_ignored):
     def forward(x):
         def grad(dy):
             avg = _reduce(tf.convert_to_tensor(dy), ar.Average, 1.0, 1.0, process_set)
-            return avg if comm.rank == root else tf.zeros_like(avg)
+            if comm.rank == root:
+                return avg
+            with tf.control_dependencies([avg]):     # a TF1 graph would prune the allreduce: every rank runs it
+                return tf.zeros_like(avg)
         return raw(x), grad
     return forward(x)
 

@@ -303,7 +303,8 @@ class Engine:
         for name, (ready, missing) in out.stalled.items():
             entry = self.pending.pop(name, None)
             if entry is not None:
-                self._finish(entry, stall_error(name, ready, missing, self.config.stall_shutdown_time))
+                self._finish(entry, stall_error(name, ready, missing, self.config.stall_shutdown_time,
+                                                out.out_of_step))
         ready = [self.pending.pop(name) for name in out.ready]
         for batch in plan(ready, self.config.fusion_threshold, self.direct_bytes):
             if self.timeline is not None:

@@ -59,6 +59,7 @@ from ..errors import MismatchError
 from ..ops import Op
 from .compression import BUILTIN_NAMES
 from .handle import Entry, Meta
+from .stall import out_of_step
 
 __all__ = ["Negotiator", "Outcome", "describe_meta"]
 
@@ -70,7 +71,7 @@ _BITS = 63   # rank bits per int64 word: bits 0..62, so the Sum of distinct bits
 class Outcome:
     """What one cycle decided; the same on every rank."""
 
-    __slots__ = ("ready", "errors", "stalled", "shutdown", "ranks", "zeros", "joined")
+    __slots__ = ("ready", "errors", "stalled", "shutdown", "ranks", "zeros", "joined", "out_of_step")
 
     def __init__(self):
         self.ready: list[str] = []                           # execute in this order
@@ -80,6 +81,7 @@ class Outcome:
         self.ranks: dict[str, frozenset[int]] = {}           # who is ready, per name seen this cycle
         self.zeros: dict[str, Meta] = {}                     # ready names this (joined) rank reduces as zeros
         self.joined: int | None = None                       # every rank has joined: the last one to
+        self.out_of_step: str | None = None                  # stalled because every rank waits: who for what
 
 
 def describe_meta(field: int, value) -> str:
@@ -291,6 +293,7 @@ class Negotiator:
                         for name, ranks in partial_now.items()}
         if cutoff < 0:
             return
+        out.out_of_step = out_of_step(self.partial, self.size)      # the same text on every rank
         everyone = set(range(self.size))
         for name, (since, _, ranks) in list(self.partial.items()):
             if since <= cutoff:

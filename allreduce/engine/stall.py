@@ -13,6 +13,14 @@ Rank 0 inspects, once per cycle, before the cycle's exchange:
   no logging configured Python prints it to stderr) naming each stalled
   tensor, the ranks that submitted it and the ranks missing; again every
   ``stall_check_time`` while it lasts;
+* out of step: when every rank has submitted some name that another rank
+  lacks (each rank is waiting for a different tensor: one rank failed a
+  step and moved on, or the ranks call collectives in different orders),
+  for ``OUT_OF_STEP_SECONDS``, no rank can go on. Rank 0 then sends the
+  cutoff at once, whatever ``stall_shutdown_time`` says, and every rank
+  fails every partial name with a ``StallError`` that says the ranks are
+  out of step and who waits for what (:func:`out_of_step`), instead of
+  hanging until the stall limit;
 * after ``stall_shutdown_time`` seconds (``ALLREDUCE_STALL_SHUTDOWN_TIME``,
   default 0 = never) it sends a cutoff cycle in the next exchange: every
   rank fails every name that has been partial since that cycle or earlier
@@ -26,9 +34,32 @@ import time
 
 from ..errors import StallError
 
-__all__ = ["StallInspector", "stall_message", "stall_error"]
+__all__ = ["StallInspector", "stall_message", "stall_error", "out_of_step", "OUT_OF_STEP_SECONDS"]
 
 log = logging.getLogger("allreduce.engine")
+
+#: How long every rank may wait for a name another rank lacks before they are declared out of
+#: step. A tfops op blocks until its name is reduced, so there the state never resolves itself;
+#: ranks that submit asynchronously in different orders pass through it for a moment only.
+OUT_OF_STEP_SECONDS = 5.0
+
+
+def out_of_step(partial: dict, size: int) -> str | None:
+    """Who waits for what, when every rank has submitted a name that some rank lacks; else None.
+
+    Args:
+        partial: the negotiator's replicated ``name -> (since cycle, since time, ready ranks)``,
+            so every rank computes the same answer.
+    """
+    waiting = frozenset().union(*(entry[2] for entry in partial.values())) if partial else frozenset()
+    if len(waiting) < size:
+        return None                              # some rank waits for nothing here: it may still come
+    shown = "; ".join(f"{name!r} submitted by rank(s) {', '.join(map(str, sorted(entry[2])))}, "
+                      f"missing on rank(s) {', '.join(str(r) for r in range(size) if r not in entry[2])}"
+                      for name, entry in sorted(partial.items())[:6])
+    return (f"the ranks are out of step: every rank waits for a tensor that another rank has not submitted "
+            f"({shown}). A rank probably failed a step and went on to other collectives; every rank must "
+            "run the same collectives in the same order")
 
 
 def stall_message(name: str, ready: list[int], missing: list[int], seconds: float) -> str:
@@ -37,8 +68,11 @@ def stall_message(name: str, ready: list[int], missing: list[int], seconds: floa
             "Every rank must submit every name; check for branches that skip a tensor on some ranks.")
 
 
-def stall_error(name: str, ready: list[int], missing: list[int], limit: float) -> StallError:
+def stall_error(name: str, ready: list[int], missing: list[int], limit: float,
+                out_of_step: str | None = None) -> StallError:
     """The error every rank raises for a stalled name (the same text everywhere)."""
+    if out_of_step is not None:
+        return StallError(f"allreduce of {name!r} failed: {out_of_step}.")
     return StallError(f"allreduce of {name!r} failed after stall_shutdown_time={limit:g} s: submitted by "
                       f"rank(s) {', '.join(map(str, ready))}, never by rank(s) {', '.join(map(str, missing))}. "
                       "Every rank must submit every name; check for branches that skip a tensor on some ranks.")
@@ -51,6 +85,7 @@ class StallInspector:
         self.rank, self.size = rank, size
         self.check_time, self.shutdown_time = check_time, shutdown_time
         self._warned: dict[str, float] = {}
+        self._stuck_since: float | None = None   # since when every rank waits for a partial name
 
     def inspect(self, partial: dict[str, tuple[int, float, frozenset[int]]]) -> int:
         """Warn about stalled names; return the stall cutoff cycle, or -1 for none.
@@ -64,8 +99,15 @@ class StallInspector:
         """
         if self.rank != 0 or not partial:
             self._warned.clear()
+            self._stuck_since = None
             return -1
         now = time.monotonic()
+        if out_of_step(partial, self.size) is None:
+            self._stuck_since = None
+        elif self._stuck_since is None:
+            self._stuck_since = now
+        elif now - self._stuck_since >= OUT_OF_STEP_SECONDS:
+            return max(since for since, _, _ in partial.values())     # fail every partial name now
         everyone = set(range(self.size))
         for name in list(self._warned):
             if name not in partial:

@@ -256,6 +256,34 @@ def check_errors(p, me):
     assert "MismatchError" in str(error) and "rank 1" in str(error), str(error)
 
 
+def check_tf1_graph(p, me):
+    """A TF1 graph (tf.compat.v1 Session, one inter-op thread): several collectives in one run,
+    fetched in another order on odd ranks, run in creation order everywhere (tfops.graph_order);
+    broadcast's gradient runs its allreduce on the non-root ranks too (TF would prune it)."""
+    g = tf.Graph()
+    with g.as_default():
+        xs = [tf.ones([3], d) * tf.cast(me + 1, d) for d in (tf.float32, tf.int32, tf.float64, tf.int64)]
+        ys = [tfops.allreduce(x, op=tfops.Sum) for x in xs]
+        v = tf.constant([1.0, 2.0]) * (me + 1)
+        b = tfops.broadcast(v, p - 1)
+        grad = tf.gradients(b, v, tf.ones([2]))[0]
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
+        with tf.compat.v1.Session(graph=g, config=config) as session:
+            got = session.run(ys if me % 2 == 0 else ys[::-1])
+            got_b, got_grad = session.run([b, grad])
+    assert all(y.tolist() == [p * (p + 1) // 2] * 3 for y in got), got
+    assert got_b.tolist() == [p, 2.0 * p], got_b
+    assert got_grad.tolist() == ([1.0, 1.0] if me == p - 1 else [0.0, 0.0]), got_grad
+
+
+def check_out_of_step(p, me):
+    """Rank 0 waits for one name, the others for another (as after a failed step): both fail on
+    every rank within seconds, saying the ranks are out of step; then the ranks are in step again."""
+    error = raised_everywhere(ar.StallError, lambda: tfops.allreduce(tf.ones([2]), name=f"oos.{min(me, 1)}"),
+                              "out of step")
+    assert "out of step" in str(error) and "'oos.0' submitted by rank(s) 0" in str(error), str(error)
+
+
 def check_in_fit(p, me):
     """Inside model.fit: a layer that reduces with prescale, postscale and average=False and reads
     size_op; every rank ends with the same weights."""
@@ -289,8 +317,10 @@ def check_all():
     check_compression_on_tensors()
     check_dtypes(p, me)
     check_in_fit(p, me)
+    check_tf1_graph(p, me)
     if p > 1:
         check_errors(p, me)
+        check_out_of_step(p, me)
     np.testing.assert_allclose(tfops.allreduce(tf.ones([2]), op=tfops.Sum), [p, p])   # still in step
 
 
