@@ -10,7 +10,7 @@ See README.md for the layers and docs/ for the lessons.
 """
 from .api import (allgather, allgather_object, allreduce, allreduce_, allreduce_async, allreduce_async_,
                   alltoall, barrier, broadcast,
-                  broadcast_object, communicator, explain_choice, grouped_allreduce, init, is_initialized,
+                  broadcast_object, communicator, explain_choice, grouped_allreduce, grouped_allreduce_async, init, is_initialized,
                   join, local_rank, local_size, rank, reducescatter, shared_empty, shutdown, size,
                   start_timeline, stop_timeline, synchronize)
 from .comm import Communicator
@@ -27,7 +27,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size",
     "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "alltoall", "broadcast_object",
     "allgather_object", "barrier", "explain_choice", "shared_empty",
-    "allreduce_async", "allreduce_async_", "grouped_allreduce", "synchronize", "join", "Handle", "Compression", "Compressor",
+    "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async", "synchronize", "join", "Handle", "Compression", "Compressor",
     "start_timeline", "stop_timeline",
     "Op", "Sum", "Average", "Min", "Max", "Product", "Adasum", "bfloat16",
     "Communicator", "Config",

@@ -20,6 +20,7 @@ import numpy as np
 from .comm import Communicator
 from .config import Config
 from .engine import Compression, Engine, Handle
+from .engine.handle import GroupedHandle
 from .errors import AllreduceError, InvalidArgumentError, MismatchError, NotInitializedError
 from .ops import Op
 
@@ -300,25 +301,32 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
     Returns:
         The reduced arrays, in the order of ``xs``.
     """
+    return grouped_allreduce_async(xs, name=name, op=op, compression=compression).wait()
+
+
+def grouped_allreduce_async(xs, name: str | None = None, op=Op.AVERAGE,
+                            compression=Compression.none) -> GroupedHandle:
+    """:func:`grouped_allreduce` without blocking (Horovod's ``grouped_allreduce_async``).
+
+    Returns:
+        A :class:`~allreduce.engine.handle.GroupedHandle`: ``wait()`` (or :func:`synchronize`)
+        returns the reduced arrays in the order of ``xs``.
+    """
     eng = _running_engine()
     arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
     if op is Op.ADASUM:        # Adasum's coefficients belong to each tensor: no packing into one vector
-        handles = [eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression)
-                   for i, x in enumerate(arrays)]
-        return [h.wait() for h in handles]
+        parts = [([i], eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression))
+                 for i, x in enumerate(arrays)]
+        return GroupedHandle(name, parts, len(arrays))
     groups: dict[np.dtype, list[int]] = {}
     for i, x in enumerate(arrays):
         groups.setdefault(x.dtype, []).append(i)
-    handles = []
+    parts = []
     for dtype, members in groups.items():
         label = name if name is None or len(groups) == 1 else f"{name}.{dtype}"
-        handles.append((members, eng.submit_group([arrays[i] for i in members], name=label, op=op,
-                                                  compression=compression)))
-    out: list = [None] * len(arrays)
-    for members, handle in handles:
-        for i, result in zip(members, handle.wait()):
-            out[i] = result
-    return out
+        parts.append((members, eng.submit_group([arrays[i] for i in members], name=label, op=op,
+                                                compression=compression)))
+    return GroupedHandle(name, parts, len(arrays))
 
 
 def broadcast(x, root_rank: int = 0) -> np.ndarray:

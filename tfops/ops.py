@@ -37,7 +37,7 @@ from tensorflow.python.ops import control_flow_util
 import allreduce as ar
 from allreduce.errors import AllreduceError
 
-from . import arguments
+from . import arguments, eager
 from .compression import Compression, check_compression
 from .errors import tf_typed
 from . import graph_order
@@ -68,6 +68,13 @@ def grouped(arrays: list, names: list[str], op, compression) -> list:
     gradient. A rank with other shapes (a different variable set) fails with ``MismatchError``
     on every rank."""
     return ar.grouped_allreduce(arrays, name=f"{names[0]}+group", op=op, compression=compression)
+
+
+def grouped_packed(arrays: list, names: list[str], op, compression) -> list:
+    """:func:`grouped` with the results packed: per dtype ``(positions, flat result, bounds)``
+    (``GroupedHandle.wait_packed``), for eager callers that cut them up with one TF op."""
+    return ar.grouped_allreduce_async(arrays, name=f"{names[0]}+group", op=op,
+                                      compression=compression).wait_packed()
 
 
 # --------------------------------------------------------------------------- TF plumbing
@@ -108,6 +115,10 @@ def _numpy_call(what: str, fn, inputs: list, dtypes: list) -> list:
 
 # --------------------------------------------------------------------------- allreduce
 def _allreduce_dense(x: tf.Tensor, op, compression, name: str) -> tf.Tensor:
+    if tf.executing_eagerly():                # tfops.eager: no numpy_function, no copies
+        run = tf_typed(lambda a: wait(submit(a, name, op, compression)))
+        return eager.tensor(run(eager.host_view(x)), x.dtype)
+
     def run(a):
         return wait(submit(a, name, op, compression))
     y = _numpy_call("allreduce", run, [x], [x.dtype])[0]
@@ -136,7 +147,7 @@ def _chain(x, y, total, op, name):
 
 
 def _allreduce_differentiable(x, op, compression, name):
-    if not x.dtype.is_floating:
+    if not x.dtype.is_floating or eager.untaped():
         return _allreduce_dense(x, op, compression, name)
 
     @tf.custom_gradient
@@ -191,6 +202,10 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
 
 
 def _grouped_dense(xs: list, op, compression, names: list[str]) -> list:
+    if tf.executing_eagerly():                # tfops.eager: one engine call, one tf.split per dtype
+        packed = tf_typed(grouped_packed)([eager.host_view(x) for x in xs], names, op, compression)
+        return eager.unpack(packed, xs)
+
     def run(*arrays):
         return grouped(list(arrays), names, op, compression)
     ys = _numpy_call("grouped_allreduce", run, xs, [x.dtype for x in xs])
@@ -231,15 +246,19 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
         out[i] = _sparse(tensors[i], op, f"{base}.{i}")
     dense = [i for i in range(len(tensors)) if i not in sparse]
     if dense:
-        xs = [arguments.scale(tf.convert_to_tensor(tensors[i]), prescale_factor, "prescale_factor") for i in dense]
+        xs = [arguments.scale(_as_tensor(tensors[i]), prescale_factor, "prescale_factor") for i in dense]
         ys = _grouped_differentiable(xs, op, compression, base, [f"{base}.{i}" for i in dense])
         for i, y in zip(dense, ys):
             out[i] = arguments.scale(y, postscale_factor, "postscale_factor")
     return out
 
 
+def _as_tensor(t) -> tf.Tensor:
+    return t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t)    # 3 us a call even on a tensor
+
+
 def _grouped_differentiable(xs: list, op, compression, base: str, names: list[str]) -> list:
-    if not all(t.dtype.is_floating for t in xs):
+    if eager.untaped() or not all(t.dtype.is_floating for t in xs):
         return _grouped_dense(xs, op, compression, names)
 
     @tf.custom_gradient

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..ops import Op
 
-__all__ = ["Handle", "GroupHandle", "Entry", "Meta"]
+__all__ = ["Handle", "GroupHandle", "GroupedHandle", "Entry", "Meta"]
 
 #: What every rank must agree on for one name: (shape, dtype name, op, compressor name).
 Meta = tuple
@@ -132,8 +132,52 @@ class GroupHandle:
         b = self._bounds
         return [joint[b[i]:b[i + 1]].reshape(shape) for i, shape in enumerate(self._shapes)]
 
+    def wait_packed(self, timeout: float | None = None) -> tuple[np.ndarray, list[int]]:
+        """Block until done; return the flat result and each array's bounds in it (array i is
+        ``joint[bounds[i]:bounds[i + 1]]``), for a caller that cuts it up itself (tfops: one
+        ``tf.split`` instead of one tensor per array)."""
+        return self._handle.wait(timeout), self._bounds
+
     def __repr__(self) -> str:
         return f"<GroupHandle {self.name!r} of {len(self._shapes)} arrays, {self._handle!r}>"
+
+
+class GroupedHandle:
+    """What ``grouped_allreduce_async`` returns: one engine tensor per dtype of the list (a
+    :class:`GroupHandle`; Adasum: one :class:`Handle` per array), each with the positions of
+    its arrays in the list. ``wait()`` returns the results in list order."""
+
+    __slots__ = ("name", "_parts", "_count")
+
+    def __init__(self, name: str | None, parts: list[tuple[list[int], Any]], count: int):
+        self.name, self._parts, self._count = name, parts, count
+
+    def done(self) -> bool:
+        return all(h.done() for _, h in self._parts)
+
+    def wait(self, timeout: float | None = None) -> list[np.ndarray]:
+        """Block until every part is done (``timeout`` applies to each); the reduced arrays, in order."""
+        out: list = [None] * self._count
+        for members, h in self._parts:
+            results = h.wait(timeout)
+            for i, result in zip(members, results if isinstance(h, GroupHandle) else [results]):
+                out[i] = result
+        return out
+
+    def wait_packed(self, timeout: float | None = None) -> list[tuple[list[int], np.ndarray, list[int]]]:
+        """Block until done; per part ``(positions in the list, flat result, bounds)``: see
+        :meth:`GroupHandle.wait_packed` (an Adasum part is one array: bounds ``[0, size]``)."""
+        packed = []
+        for members, h in self._parts:
+            if isinstance(h, GroupHandle):
+                packed.append((members, *h.wait_packed(timeout)))
+            else:
+                flat = h.wait(timeout).reshape(-1)
+                packed.append((members, flat, [0, flat.size]))
+        return packed
+
+    def __repr__(self) -> str:
+        return f"<GroupedHandle {self.name!r} of {self._count} arrays in {len(self._parts)} part(s)>"
 
 
 class Entry:

@@ -169,6 +169,37 @@ for h, r, g in zip(hooked, raw, plain):
         assert h is r, "one rank: the hooks must return the tape's own gradients"
 assert not hooks._handles, hooks._handles
 
+# The eager fast path (tfops/eager.py: no numpy_function, results kept without a copy): one group
+# of mixed dtypes and shapes (float32 1-D: one tf.split; float64 2-D and an int32 scalar: a tensor
+# per array), 0 elements and a 1.2 MB array (the engine's pooled result memory), against float64
+# numpy, bitwise equal on every rank; earlier results and the inputs unchanged by later calls.
+def fast_inputs(r: int) -> list:
+    rng = np.random.default_rng(100 + r)
+    return [rng.random(1000).astype(np.float32), rng.random(7).astype(np.float32), np.zeros(0, np.float32),
+            rng.random((3, 5)), np.array(r + 1, np.int32), rng.random(300000).astype(np.float32)]
+
+
+fast = [tf.constant(a) for a in fast_inputs(me)]
+fast_before = [t.numpy().copy() for t in fast]
+firsts = [tfops.grouped_allreduce(fast, op=tfops.Sum, name="fast.group")]
+firsts.append([tfops.allreduce(t, op=tfops.Sum, name=f"fast.{i}") for i, t in enumerate(fast)])
+for first in firsts:
+    for i, (y, t) in enumerate(zip(first, fast)):
+        assert y.shape == t.shape and y.dtype == t.dtype, (i, y.shape, y.dtype)
+        np.testing.assert_allclose(y.numpy(), sum(fast_inputs(r)[i].astype(np.float64) for r in range(p)),
+                                   rtol=1e-5)
+kept = [[y.numpy().copy() for y in first] for first in firsts]
+for _ in range(3):                                   # later calls reuse the engine's memory if they may
+    tfops.grouped_allreduce([t + 1 for t in fast], op=tfops.Sum, name="fast.group")
+    [tfops.allreduce(t + 1, op=tfops.Sum, name=f"fast.{i}") for i, t in enumerate(fast)]
+for first, saved in zip(firsts, kept):
+    for y, k in zip(first, saved):
+        np.testing.assert_array_equal(y.numpy(), k)
+for t, b in zip(fast, fast_before):
+    np.testing.assert_array_equal(t.numpy(), b)
+digests = tfops.allgather_object([y.numpy().tobytes() for first in firsts for y in first])
+assert all(d == digests[0] for d in digests), "eager results differ across ranks"
+
 # Horovod's surface (issue 27): tests/mpi/tf_surface.py, on this initialised engine.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_surface  # noqa: E402
