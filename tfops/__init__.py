@@ -21,8 +21,8 @@ Covered names (same names and argument names as Horovod):
     broadcast_global_variables(root_rank), broadcast_object(obj, root_rank=0),
     broadcast_object_fn(root_rank=0), allgather_object(obj), start_timeline(file_path,
     mark_cycles=False), stop_timeline(), size_op(), rank_op(), local_size_op(), local_rank_op(),
-    the capability queries (mpi_built ... is_homogeneous: tfops.queries), MismatchError (also a
-    tf.errors.FailedPreconditionError: tfops.errors). Dtypes: Horovod's ten (uint8 ... bool) and
+    the capability queries (mpi_built ... is_homogeneous: tfops.queries), cross_size(), cross_rank(),
+    MismatchError (also a tf.errors.FailedPreconditionError: tfops.errors). Dtypes: Horovod's ten (uint8 ... bool) and
     bfloat16.
     DistributedGradientTape(gradtape, compression=..., sparse_as_dense=False, op=Average),
     DistributedOptimizer(optimizer, name=None, compression=..., sparse_as_dense=False, op=Average,
@@ -69,8 +69,8 @@ from .ops import (Adasum, Average, Compression, Max, Min, Product, Sum, XlaNotSu
 from .gather import broadcast_, broadcast_global_variables, broadcast_object_fn
 from .errors import MismatchError
 from . import queries as _queries
-from .queries import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous, local_rank_op,
-                      local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank_op, rocm_built,
+from .queries import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                      is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank_op, rocm_built,
                       size_op)
 from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
@@ -98,7 +98,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "Product", "MismatchError", "broadcast_", "broadcast_global_variables", "broadcast_object_fn",
            "start_timeline", "stop_timeline", "size_op", "rank_op", "local_size_op", "local_rank_op",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-           "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous"]
+           "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous", "cross_size", "cross_rank"]
 
 
 def init(comm=None, process_sets=None, **settings) -> None:

@@ -11,6 +11,8 @@ rocm_built, ddl_built
 cuda_built                  found   True when this process sees a CUDA GPU the engine can reduce on
                                     (numba.cuda or CuPy); TF tensors reach the engine through host memory
 is_homogeneous              placed  every node runs the same number of ranks (from ``local_size``)
+cross_size, cross_rank      placed  how many ranks share this rank's local rank, and this rank's
+                                    place among them (the node count and node index; Horovod's)
 ==========================  ======  ==============================================================
 
 ``size_op()``, ``rank_op()``, ``local_size_op()`` and ``local_rank_op()`` are
@@ -27,7 +29,7 @@ import allreduce as ar
 
 __all__ = ["mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
            "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous", "size_op", "rank_op",
-           "local_size_op", "local_rank_op"]
+           "local_size_op", "local_rank_op", "cross_size", "cross_rank"]
 
 
 def mpi_built() -> bool:
@@ -82,20 +84,41 @@ def cuda_built() -> bool:
     return num_devices() > 0
 
 
-_homogeneous: dict[int, bool] = {}          # id(communicator) -> answer, measured once per init
+_layout: dict[int, list[tuple[int, int]]] = {}   # id(communicator) -> every rank's (local_size, local_rank)
+
+
+def _every_rank() -> list[tuple[int, int]]:
+    """Every rank's ``(local_size, local_rank)``, in rank order: one allgather per ``init``
+    (:func:`tfops.init` runs it on every rank); after a bare ``allreduce.init``, the first query."""
+    comm = ar.communicator()
+    if id(comm) not in _layout:
+        _layout.clear()
+        _layout[id(comm)] = [tuple(x) for x in ar.allgather_object((ar.local_size(), ar.local_rank()))]
+    return _layout[id(comm)]
 
 
 def is_homogeneous() -> bool:
-    """True when every node runs the same number of ranks.
+    """True when every node runs the same number of ranks."""
+    return len({local_size for local_size, _ in _every_rank()}) == 1
 
-    Measured once per ``init`` (one allgather of ``local_size``, which :func:`tfops.init` runs
-    on every rank); after a bare ``allreduce.init`` the first call is that collective.
-    """
-    comm = ar.communicator()
-    if id(comm) not in _homogeneous:
-        _homogeneous.clear()
-        _homogeneous[id(comm)] = len(set(ar.allgather_object(ar.local_size()))) == 1
-    return _homogeneous[id(comm)]
+
+def _cross(layout: list[tuple[int, int]], me: int) -> tuple[int, int]:
+    """``(cross_rank, cross_size)`` of rank ``me`` in ``layout`` (every rank's ``(local_size, local_rank)``)."""
+    mine = layout[me][1]
+    return (sum(1 for _, local_rank in layout[:me] if local_rank == mine),
+            sum(1 for _, local_rank in layout if local_rank == mine))
+
+
+def cross_size() -> int:
+    """The number of ranks with this rank's local rank: the number of nodes, when every node runs
+    as many ranks (Horovod's ``hvd.cross_size()``)."""
+    return _cross(_every_rank(), ar.rank())[1]
+
+
+def cross_rank() -> int:
+    """This rank's place among the ranks with its local rank (its node's index, in rank order):
+    Horovod's ``hvd.cross_rank()``."""
+    return _cross(_every_rank(), ar.rank())[0]
 
 
 def _read(name: str, fn, op_name) -> tf.Tensor:

@@ -57,6 +57,12 @@ def check_queries(p, me):
     for got in both_modes(ops):
         assert [int(v) for v in got] == [p, me, ar.local_size(), ar.local_rank()], got
     assert hvd.size_op().dtype == tf.int32 and hvd.rank_op().shape == []
+    # cross_*: ranks sharing my local rank (one per node); reference: every rank's local rank
+    every = tfops.allgather_object(ar.local_rank())
+    assert hvd.cross_size() == every.count(ar.local_rank()) and hvd.cross_rank() == every[:me].count(ar.local_rank())
+    assert tfops.cross_size() * ar.local_size() == p or not hvd.is_homogeneous()
+    from tfops.queries import _cross                # 3 ranks on 2 nodes: (local_size, local_rank) per rank
+    assert [_cross([(2, 0), (2, 1), (1, 0)], r) for r in range(3)] == [(0, 2), (0, 1), (1, 2)]
 
 
 def check_product_and_scaling(p, me, W):
