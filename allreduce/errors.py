@@ -18,6 +18,7 @@ __all__ = [
     "StallError",
     "CompressionError",
     "ClusterError",
+    "HostsUpdatedInterrupt",
 ]
 
 
@@ -70,3 +71,8 @@ class CompressionError(AllreduceError):
 
 class ClusterError(AllreduceError):
     """``allreduce-cluster`` could not make, use or remove its namespace hosts (allreduce/cluster/)."""
+
+
+class HostsUpdatedInterrupt(AllreduceError):
+    """Raised by an elastic ``state.commit()`` on every rank alike when the world can grow back
+    (``--max-np``); :func:`allreduce.elastic.run` catches it, spawns replacements and goes on."""

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     passthrough, elastic = elastic_launch.split_flags(passthrough)   # --elastic: allreduce/elastic/launch.py
     if elastic is not None:
         os.environ.update(elastic_launch.environment(elastic, dict(os.environ)))
-        passthrough = elastic_launch.mpirun_flags(elastic, np_, passthrough) + passthrough
+        passthrough = elastic_launch.mpirun_flags(elastic, np_, passthrough, cores=os.cpu_count() or 1) + passthrough
     passthrough, cluster = split_cluster_flag(passthrough)
     if cluster is None:
         cmd = build_command(np_, passthrough, command, mpirun=find_mpirun())

@@ -1,17 +1,20 @@
 """Elastic training (issue 25): ranks SIGKILLed in every phase, survivors shrink and go on.
 
 Each launch runs ``tests/mpi/elastic_train.py`` under ``allreduce-run --elastic``
-with a list of kill points (world rank, step, phase). The checks, for every launch:
+with a list of kill points (name, step, phase): 21 points in five launches, the
+last one with ``--max-np`` (the world grows back after every death). The checks,
+for every launch:
 
-* the launcher exits 0 and its summary names every dead rank and the final size;
+* the launcher exits 0 and its summary names every dead and joined rank and the final size;
 * every survivor prints its final state: exactly the expected survivors, bitwise
   identical, and equal to a numpy replay of the committed lineage (SGD with
   momentum; the state records the world size of every step it kept);
 * every death was noticed within a bounded time (DETECT_BOUND) of the kill.
 
-Plus: below ``--min-np`` every survivor exits non-zero naming the dead rank and the
-last commit, and so does the launcher; the launcher's flags and summary parsing;
-and (slow: TensorFlow start-up) a Keras ``model.fit`` with the three callbacks.
+Plus: a spawn that fails is said once and the job goes on at its size; below
+``--min-np`` every survivor exits non-zero naming the dead rank and the last
+commit, and so does the launcher; the launcher's flags and summary parsing; and
+(slow: TensorFlow start-up) a Keras ``model.fit`` with the three callbacks.
 """
 from __future__ import annotations
 
@@ -65,46 +68,76 @@ def _seconds_of_day(text: str) -> float:
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 
-# (np, kill points "world_rank@step:phase", survivors): every rank killed in some launch, rank 0
-# in two; two deaths in every launch; every phase of the issue (step -1: the sync after a recovery)
+# np, --max-np (0: no regrow), kill points "name@step:phase", the names left at the end, and the
+# sizes after each change of the world (every reset callback of a process that lived through all).
+# 21 kill points over every phase of the issue, every rank killed in some launch, rank 0 in all
+# five; without --max-np four or five deaths one after another (-np 6: down to 2, and to 1 rank);
+# with --max-np 4 the world grows back after each death, the replacements (named 4, 5, ...) get
+# the state in their first sync and can die too. Step -1: the first sync after a shrink, -2: the
+# first after a regrow (a parent dies where the replacement receives the state).
 CASES = {
-    "ring+shm, rank 0 first": (4, "0@2:ring,2@6:shm", [1, 3]),
-    "engine, then sync": (4, "1@3:engine,3@-1:sync", [0, 2]),
-    "commit, then rank 0 in the mailbox": (4, "2@6:commit,0@8:mailbox", [1, 3]),
-    "compute, then tree": (4, "3@1:compute,1@5:tree", [0, 2]),
-    "rank 0 in rhd, then mpi": (4, "0@2:rhd,3@5:mpi", [1, 2]),
+    "rank 0 in ring, sync, mailbox, commit": (6, 0, "0@2:ring,5@-1:sync,3@7:mailbox,1@12:commit", [2, 4],
+                                              [5, 4, 3, 2]),
+    "compute, rhd, rank 0 in engine, shm": (6, 0, "1@1:compute,4@5:rhd,0@10:engine,2@16:shm", [3, 5],
+                                            [5, 4, 3, 2]),
+    "tree, rank 0 in commit, rd, shm": (6, 0, "2@2:tree,0@6:commit,5@10:rd,4@14:shm", [1, 3], [5, 4, 3, 2]),
+    "mpi, rank 0 in sync, compute, rhd, mailbox: down to 1": (
+        6, 0, "4@1:mpi,0@-1:sync,3@8:compute,2@13:rhd,5@17:mailbox", [1], [5, 4, 3, 2, 1]),
+    "regrow: engine, rank 0 in the regrow's sync, a replacement in tree, commit": (
+        4, 4, "2@2:engine,0@-2:sync,4@10:tree,1@15:commit", [3, 5, 6, 7], [3, 4, 3, 4, 3, 4, 3, 4]),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_survivors_restore_the_last_commit_and_finish(case):
-    np_, kills, survivors = CASES[case]
-    result = launch_job(np_, kills)
+    np_, max_np, kills, survivors, changes = CASES[case]
+    result = launch_job(np_, kills, *(("--max-np", str(max_np)) if max_np else ()))
     text = result.stdout + result.stderr
     assert result.returncode == 0, f"launcher exited {result.returncode}\n{text[-5000:]}"
     finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=(\[[\d, ]*\])$", result.stdout, re.M)
     assert sorted(int(f[0]) for f in finals) == survivors, text[-5000:]
-    assert len({f[1:] for f in finals}) == 1, "survivors differ (not bitwise identical)"
-    _, size, w_hex, v_hex, sizes_text, resets = finals[0]
+    assert len({f[1:5] for f in finals}) == 1, "survivors differ (not bitwise identical)"
+    _, size, w_hex, v_hex, sizes_text, _ = finals[0]
     sizes = [int(s) for s in sizes_text.split(",")]
     assert int(size) == len(survivors) == sizes[-1] and len(sizes) == 24
-    assert sizes == sorted(sizes, reverse=True) and sizes[0] <= np_          # the world only shrinks
+    if not max_np:
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] <= np_      # the world only shrinks
+    else:
+        assert set(sizes) == {max_np - 1, max_np}                            # shrinks, grows back
     w, v = _replay(sizes)
     assert w.tobytes().hex() == w_hex and v.tobytes().hex() == v_hex, "state differs from the replay"
-    assert eval(resets) == [np_ - 1, np_ - 2]                        # noqa: S307 - our own output
-    # the launcher's summary: both deaths, by world rank, and the size at the end
+    resets = sorted((eval(f[5]) for f in finals), key=len)                   # noqa: S307 - our own output
+    assert resets[-1] == changes and all(changes[len(changes) - len(r):] == r for r in resets), resets
+    # the launcher's summary: every death and join, by name, and the size at the end
     dead = sorted(int(k.split("@")[0]) for k in kills.split(","))
     summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
     assert summary and f"finished with {len(survivors)} of {np_} ranks" in summary[-1], summary
     assert sorted(int(r) for r in re.findall(r"rank\(s\) (\d+) died", summary[-1])) == dead
+    joined = [int(r) for r in re.findall(r"rank\(s\) (\d+) joined", summary[-1])]
+    assert joined == (list(range(np_, np_ + len(dead))) if max_np else []), summary[-1]
     # detection: each recovery line comes within DETECT_BOUND of its kill
     killed = sorted(float(t) for t in re.findall(r"^KILL \d+ step -?\d+ \w+ at ([\d.]+)$", result.stdout, re.M))
     noticed = sorted(_seconds_of_day(t.split()[0]) for t in re.findall(r"noticed at ([\d:.]+ UTC)", result.stderr))
-    assert len(killed) == len(noticed) == 2, text[-3000:]
+    assert len(killed) == len(noticed) == len(dead), text[-3000:]
     for kill, seen in zip(killed, noticed):
         day = datetime.fromtimestamp(kill, timezone.utc)
         lag = (seen - (day.hour * 3600 + day.minute * 60 + day.second + day.microsecond / 1e6)) % 86400
         assert lag < DETECT_BOUND, f"a death was noticed {lag:.2f} s after the kill"
+
+
+def test_a_failed_spawn_is_said_and_the_job_goes_on_at_its_size():
+    # two slots on the host mpirun was given: MPI_Comm_spawn fails on both ranks alike
+    result = launch_job(2, "", "--max-np", "3", "--host", "localhost:2",
+                        env={"ELASTIC_STEPS": "6", "OMPI_MCA_rmaps_base_oversubscribe": "0",
+                             "PRTE_MCA_rmaps_default_mapping_policy": "slot"})   # mpi_env's oversubscribe off
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-5000:]
+    assert len(re.findall(r"allreduce-elastic: could not spawn 1 replacement", result.stderr)) == 1, text[-4000:]
+    assert "finished with 2 of 2 ranks; no rank died; spawning 1 replacement(s) failed" in result.stderr
+    finals = re.findall(r"^FINAL (\d+) 2 (\w+) (\w+) ([\d,]+) resets=\[\]$", result.stdout, re.M)
+    assert sorted(int(f[0]) for f in finals) == [0, 1] and len({f[1:] for f in finals}) == 1, text[-4000:]
+    w, v = _replay([2] * 6)
+    assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][1:3]
 
 
 def test_below_min_np_every_survivor_stops_naming_the_dead_and_the_commit():
@@ -128,6 +161,12 @@ def test_launcher_flags_and_summary():
         launch.mpirun_flags(options, 1, [])
     assert launch.mpirun_flags(options, 4, []) == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
     assert launch.mpirun_flags(options, 4, ["--mca", "btl", "self,tcp"]) == ["--with-ft", "ulfm"]
+    with pytest.raises(SystemExit, match="--max-np 5 is less than -np 6"):
+        launch.mpirun_flags(options, 6, [])
+    # room for replacements above the cores (at -np above the cores run.py adds it itself)
+    assert launch.mpirun_flags(options, 2, [], cores=2)[2:5] == ["--oversubscribe", "--bind-to", "none"]
+    assert "--oversubscribe" not in launch.mpirun_flags(options, 3, [], cores=2)
+    assert "--oversubscribe" not in launch.mpirun_flags(options, 2, ["-H", "a:2"], cores=2)
     env = launch.environment(options, {})
     assert env["ALLREDUCE_ELASTIC"] == "1" and env["ALLREDUCE_ELASTIC_MIN_NP"] == "2"
     assert env["ALLREDUCE_SHM_P2P"] == "1" and "ALLREDUCE_SHM_P2P" not in launch.environment(options, {"ALLREDUCE_SHM_P2P": "0"})
@@ -137,6 +176,8 @@ def test_launcher_flags_and_summary():
                                  "rank(s) 2 died at 09:17:56.956 UTC", 1)
     summary.feed("allreduce-elastic: run(train) finished with 3 ranks (started with 4)")
     assert summary.report(0)[1] == 0 and "finished with 3 of 4 ranks" in summary.report(0)[0]
+    summary.feed("allreduce-elastic: rank(s) 4 joined (spawned at 09:18:01.5 UTC); going on with 4 of 4 ranks")
+    assert summary.report(0)[0].endswith("rank(s) 2 died at 09:17:56.956 UTC; rank(s) 4 joined at 09:18:01.5 UTC")
     summary.feed("allreduce-elastic: below --min-np 3: ...")
     assert summary.report(0)[1] == launch.BELOW_MIN_EXIT
 

@@ -35,9 +35,10 @@ from typing import Any, Callable
 import numpy as np
 
 from allreduce import api as _api
-from allreduce.elastic import ObjectState, State
+from allreduce.elastic import HostsUpdatedInterrupt, ObjectState, State
 
-__all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState", "is_peer_failure"]
+__all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState", "HostsUpdatedInterrupt",
+           "is_peer_failure"]
 
 _WORDS = ("PeerLostError", "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED")
 

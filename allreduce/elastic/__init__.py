@@ -1,7 +1,7 @@
 """Elastic training: a rank dies, the survivors shrink, restore the last commit and go on.
 
 Horovod's elastic API on plain MPI (Open MPI's ULFM), started with
-``allreduce-run --elastic -np N [--min-np M] python train.py``::
+``allreduce-run --elastic -np N [--min-np M] [--max-np K] python train.py``::
 
     import allreduce as ar
     from allreduce import elastic
@@ -24,15 +24,19 @@ Horovod's elastic API on plain MPI (Open MPI's ULFM), started with
   reset callbacks).
 * :mod:`.recovery`: :func:`run` (restore, revoke + shrink, rebuild, reset, sync,
   call again).
+* :mod:`.regrow`: below ``--max-np``, a commit raises ``HostsUpdatedInterrupt``
+  and :func:`run` spawns replacements that get the state by ``sync``.
+* :mod:`.world`: who is in the world as it shrinks and grows (names, sizes).
 * :mod:`.launch`: what ``allreduce-run --elastic`` adds to the mpirun command and
   how it summarises the job.
 
 Detection of a dead peer is the transport's: :mod:`allreduce.transport.liveness`.
 See docs/11-when-a-rank-dies.md.
 """
+from ..errors import HostsUpdatedInterrupt
 from .state import ObjectState, State
 
-__all__ = ["run", "State", "ObjectState"]
+__all__ = ["run", "State", "ObjectState", "HostsUpdatedInterrupt"]
 
 
 def __getattr__(name: str):

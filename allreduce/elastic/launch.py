@@ -10,6 +10,8 @@ may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2`` and ``ALLREDUCE_SHM_P2P=1``:
 
 * ``--with-ft ulfm``: Open MPI's fault tolerance. Without it a dead rank makes
   mpirun terminate the job.
+* ``--oversubscribe`` (and ``--bind-to none``) when ``--max-np`` is more than the
+  cores and no hosts are given: replacements spawned on this host need slots.
 * ``--mca btl tcp,self``: Open MPI's shared-memory BTL (``sm``) does not report a
   dead peer; the survivors hung in ``MPI_Comm_shrink`` over it (by hand, Open MPI
   5.0.11). Only MPI's own messages move to TCP: the library's shared-memory paths
@@ -17,9 +19,9 @@ may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2`` and ``ALLREDUCE_SHM_P2P=1``:
   ``ALLREDUCE_SHM_P2P=1``) use MPI-3 shared windows, not the BTL, and notice a dead
   peer themselves (:mod:`allreduce.transport.liveness`).
 
-The ranks write ``allreduce-elastic:`` lines to stderr (:mod:`.recovery`); the
-launcher relays them and ends with one summary line: which ranks died, when,
-and the size the job finished at. It exits 0 when the job finished, even
+The ranks write ``allreduce-elastic:`` lines to stderr (:mod:`.recovery`,
+:mod:`.regrow`); the launcher relays them and ends with one summary line: which
+ranks died, when, which joined, and the size the job finished at. It exits 0 when the job finished, even
 though ranks died on the way, and non-zero when it fell below ``--min-np``.
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ MARK = "allreduce-elastic:"       #: the prefix of the lines the ranks write and
 BELOW_MIN_EXIT = 3                #: exit status of every survivor when the job falls below --min-np
 
 _DIED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) died \(noticed at ([\d:.]+ UTC)\); going on with (\d+)")
+_JOINED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) joined \(spawned at ([\d:.]+ UTC)\)")
+_NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
 _BELOW = re.compile(re.escape(MARK) + r" below --min-np")
 
@@ -64,11 +68,18 @@ def split_flags(args: list[str]) -> tuple[list[str], ElasticOptions | None]:
     return rest, options if elastic else None
 
 
-def mpirun_flags(options: ElasticOptions, np_: int, passthrough: list[str]) -> list[str]:
-    """mpirun flags for ULFM (a user's own ``--mca btl`` wins)."""
+def mpirun_flags(options: ElasticOptions, np_: int, passthrough: list[str], *, cores: int = 0) -> list[str]:
+    """mpirun flags for ULFM (a user's own ``--mca btl`` wins), and room for replacements."""
     if options.min_np > np_:
         raise SystemExit(f"allreduce-run: --min-np {options.min_np} is more than -np {np_}")
+    if options.max_np and options.max_np < np_:
+        raise SystemExit(f"allreduce-run: --max-np {options.max_np} is less than -np {np_}")
     flags = ["--with-ft", "ulfm"]
+    hosts = any(a in passthrough for a in ("-H", "--host", "--hostfile", "--machinefile"))
+    if cores and options.max_np > cores >= np_ and not hosts and "--oversubscribe" not in passthrough:
+        flags.append("--oversubscribe")      # above the cores the launcher adds it itself (run.py)
+        if "--bind-to" not in passthrough:
+            flags += ["--bind-to", "none"]
     if not any(passthrough[i] == "--mca" and passthrough[i + 1] == "btl" for i in range(len(passthrough) - 1)):
         flags += ["--mca", "btl", "tcp,self"]
     return flags
@@ -89,6 +100,8 @@ class Summary:
 
     start: int
     deaths: list[tuple[str, str]] = field(default_factory=list)   # (ranks, when)
+    joins: list[tuple[str, str]] = field(default_factory=list)    # (ranks, when spawned)
+    events: list[str] = field(default_factory=list)               # both, in the order they came
     finished: int | None = None
     below: bool = False
 
@@ -97,6 +110,12 @@ class Summary:
             return
         if (m := _DIED.search(line)) is not None:
             self.deaths.append((m.group(1), m.group(2)))
+            self.events.append(f"rank(s) {m.group(1)} died at {m.group(2)}")
+        elif (m := _JOINED.search(line)) is not None:
+            self.joins.append((m.group(1), m.group(2)))
+            self.events.append(f"rank(s) {m.group(1)} joined at {m.group(2)}")
+        elif (m := _NO_SPAWN.search(line)) is not None:
+            self.events.append(f"spawning {m.group(1)} replacement(s) failed")
         elif (m := _FINISHED.search(line)) is not None:
             self.finished = int(m.group(1))
         elif _BELOW.search(line):
@@ -104,9 +123,11 @@ class Summary:
 
     def report(self, code: int) -> tuple[str, int]:
         """The launcher's last line and its exit status, given mpirun's."""
-        died = "; ".join(f"rank(s) {ranks} died at {when}" for ranks, when in self.deaths) or "no rank died"
+        died = "; ".join(self.events) if self.deaths else "; ".join(["no rank died", *self.events])
         if self.below:
             return (f"allreduce-run: elastic job stopped below --min-np: {died}", code or BELOW_MIN_EXIT)
         if self.finished is not None:
-            return (f"allreduce-run: elastic job finished with {self.finished} of {self.start} ranks; {died}", 0)
+            size = (f"{self.finished} of {self.start} ranks" if self.finished <= self.start
+                    else f"{self.finished} ranks (started with {self.start})")
+            return (f"allreduce-run: elastic job finished with {size}; {died}", 0)
         return (f"allreduce-run: elastic job did not finish (mpirun exited with {code}); {died}", code or 1)

@@ -17,6 +17,9 @@
                                      ar.rank(), size(), local_rank(), local_size() are new
           4. reset callbacks         the user re-shards data, rescales the learning rate
           5. (loop) sync from the new rank 0, call train again
+        state.commit() raised HostsUpdatedInterrupt (--max-np above the size), on every rank:
+          grow (.regrow): spawn replacements, merge them in, rebuild; reset callbacks;
+          (loop) sync sends them the commit, call train again
 
 Detection is the transport's (:mod:`allreduce.transport.liveness`): every wait
 of the library raises ``PeerLostError`` within ~10 ms of MPI learning of the
@@ -27,44 +30,31 @@ status 3, naming the dead ranks and the last commit.
 The new rank 0 writes one ``allreduce-elastic:`` line per recovery to stderr
 (which ranks died, when, the new size); ``allreduce-run --elastic`` collects
 them into its summary. Ranks are named by their rank in the world the job
-started with. The phases' times of the last recovery are in :data:`last_recovery`
+started with, replacements by the next unused numbers (:mod:`.world`). The
+phases' times of the last recovery are in :data:`last_recovery`
 (``benchmarks/elastic_bench.py`` reads them).
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
-import os
 import sys
 import time
 from typing import Any, Callable
 
 from .. import api, faults
-from ..errors import AllreduceError
+from ..errors import AllreduceError, HostsUpdatedInterrupt
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.liveness import is_peer_failure
+from . import world
 from .launch import BELOW_MIN_EXIT, MARK
 from .state import State
 
 __all__ = ["run", "run_with", "last_recovery", "deaths", "BELOW_MIN_EXIT", "MARK"]
 
 last_recovery: dict[str, float] = {}     #: wall-clock times of the last recovery's phases
-deaths: list[tuple[float, list[int]]] = []   #: (when noticed, world ranks) for every recovery
-
-_base = None                      # the communicator the library was last initialised on
-_origin: list[int] = []           # the starting world's rank of each rank of _base
-_start_size = 0
-
-
-def _world():
-    """The communicator to shrink (the same on every survivor), set up on first use."""
-    global _base, _origin, _start_size
-    if _base is None:
-        _base = MPI.COMM_WORLD
-        _origin = list(range(_base.Get_size()))
-        _start_size = _base.Get_size()
-    return _base
+deaths = world.deaths                    #: (when noticed, names) for every recovery
+_settings: dict[str, Any] = {}           # the library's settings, kept while it is shut down
 
 
 def run(func: Callable) -> Callable:
@@ -76,7 +66,8 @@ def run(func: Callable) -> Callable:
 
     Returns:
         A function with the same arguments that syncs the state from rank 0, calls ``func``,
-        and after a peer's death restores, shrinks, rebuilds, resets and calls it again.
+        and after a peer's death restores, shrinks, rebuilds, resets and calls it again; after
+        a commit that found the world can grow (``--max-np``), spawns replacements first.
     """
     return run_with(func, is_failure=is_peer_failure)
 
@@ -86,12 +77,23 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
     wrapping of the library's errors)."""
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any):
-        _world()
+        from .regrow import grow
+        world.base()
+        grow_next = False
         while True:
             try:
+                if grow_next:
+                    grow_next = False
+                    remember_settings()
+                    if grow(state, _settings, say=say):
+                        state.on_reset()
                 state.sync()
                 last_recovery.setdefault("synced", time.time())
+                state.in_run = True
                 result = func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:         # every rank, at the same commit (state.py)
+                grow_next = True
+                continue
             except BaseException as exc:  # noqa: BLE001 - anything but a death goes on up unchanged
                 if not is_failure(exc) or not _elastic():
                     raise
@@ -100,28 +102,32 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
                 recover(state, caught)
                 state.on_reset()
                 continue
+            finally:
+                state.in_run = False
             if api.rank() == 0:
-                _say(f"run({getattr(func, '__name__', 'func')}) finished with {api.size()} ranks "
-                     f"(started with {_start_size})")
+                say(f"run({getattr(func, '__name__', 'func')}) finished with {api.size()} ranks "
+                    f"(started with {world.start_size()})")
             return result
     return wrapper
 
 
 def _elastic() -> bool:
     """Whether this job may shrink (allreduce-run --elastic: ULFM); otherwise a death ends it."""
-    if _base is not MPI.COMM_WORLD:
-        return True                          # it has shrunk before
-    return api.is_initialized() and api.communicator().config.elastic
+    if not world.is_start_world():
+        return True                          # it has shrunk or grown before
+    if api.is_initialized():
+        return api.communicator().config.elastic
+    return bool(_settings.get("elastic"))    # shut down inside a regrow
 
 
 def recover(state: State, caught: float) -> None:
     """Steps 2 and 3 of the module doc: revoke, shrink, rebuild (again if another rank dies)."""
-    global _base, _origin
-    settings = dataclasses.asdict(api.communicator().config) if api.is_initialized() else _settings
+    remember_settings()
+    settings = _settings
     last_recovery.clear()
     last_recovery["caught"] = caught
     while True:
-        old = _world()
+        old = world.base()
         _revoke(old)
         _quiet_shutdown()
         new = old.Shrink()
@@ -130,11 +136,10 @@ def recover(state: State, caught: float) -> None:
         kept = MPI.Group.Translate_ranks(group, list(range(new.Get_size())), old_group)
         group.Free()
         old_group.Free()
-        dead = [r for i, r in enumerate(_origin) if i not in kept]
-        _base, _origin = new, [_origin[i] for i in kept]
+        before = world.names()
+        dead = [name for i, name in enumerate(before) if i not in kept]
+        world.replace(new, [before[i] for i in kept])
         deaths.append((caught, dead))
-        if len(deaths) == 1:
-            atexit.register(_exit_without_finalize)    # after mpi4py's: atexit runs it first
         if new.Get_size() < settings.get("elastic_min_np", 1):
             _stop(dead, new.Get_size(), settings["elastic_min_np"], state)
         try:
@@ -143,32 +148,33 @@ def recover(state: State, caught: float) -> None:
         except BaseException as exc:  # noqa: BLE001
             if not is_peer_failure(exc):
                 raise
-            _remember(settings)
             continue                         # another rank died while we rebuilt: shrink again
         last_recovery["rebuilt"] = time.time()
         last_recovery.pop("synced", None)
-        _remember(settings)
         if api.rank() == 0:
-            when = time.strftime("%H:%M:%S", time.gmtime(caught)) + f".{int(caught % 1 * 1000):03d}"
-            _say(f"rank(s) {', '.join(map(str, dead))} died (noticed at {when} UTC); going on with "
-                 f"{api.size()} of {_start_size} ranks from {state.describe()}; shrink "
-                 f"{last_recovery['shrunk'] - caught:.3f} s, rebuild "
-                 f"{last_recovery['rebuilt'] - last_recovery['shrunk']:.3f} s")
+            say(f"rank(s) {', '.join(map(str, dead))} died (noticed at {clock(caught)} UTC); going on with "
+                f"{api.size()} of {world.start_size()} ranks from {state.describe()}; shrink "
+                f"{last_recovery['shrunk'] - caught:.3f} s, rebuild "
+                f"{last_recovery['rebuilt'] - last_recovery['shrunk']:.3f} s")
         return
 
 
-_settings: dict[str, Any] = {}
-
-
-def _remember(settings: dict[str, Any]) -> None:
+def remember_settings() -> None:
+    """Keep the library's settings while it is shut down (a rebuild starts it with the same)."""
     global _settings
-    _settings = settings
+    if api.is_initialized():
+        _settings = dataclasses.asdict(api.communicator().config)
 
 
-def _revoke(world) -> None:
+def clock(when: float) -> str:
+    """``HH:MM:SS.mmm`` (UTC) of a ``time.time()``."""
+    return time.strftime("%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}"
+
+
+def _revoke(comm) -> None:
     """Revoke the world and the library's own communicators: every survivor's pending MPI call,
     and every wait of ours (liveness checks Is_revoked), ends with an error."""
-    comms = [world]
+    comms = [comm]
     if api.is_initialized():
         comms.append(api.communicator().transport.comm)
         engine = api._engine
@@ -194,24 +200,12 @@ def _quiet_shutdown() -> None:
 def _stop(dead: list[int], size: int, min_np: int, state: State) -> None:
     text = (f"below --min-np {min_np}: rank(s) {', '.join(map(str, dead))} died and {size} rank(s) "
             f"are left; the last commit was {state.describe()}; stopping")
-    _say(text)
-    global _exit_status
-    _exit_status = BELOW_MIN_EXIT
+    say(text)
+    world.exit_status = BELOW_MIN_EXIT
     raise SystemExit(BELOW_MIN_EXIT)
 
 
-_exit_status = 0
-
-
-def _exit_without_finalize() -> None:
-    """End a process that lived through a death without MPI_Finalize: finalizing with the revoked
-    communicators and their shared windows hung now and then (Open MPI 5.0.11, by hand); a rank
-    that finished its work has nothing left to say to MPI. Its buffered output is flushed first."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_exit_status)
-
-
-def _say(text: str) -> None:
+def say(text: str) -> None:
+    """One ``allreduce-elastic:`` line on stderr, for ``allreduce-run --elastic``'s summary."""
     sys.stderr.write(f"{MARK} {text}\n")
     sys.stderr.flush()

@@ -36,6 +36,7 @@ class State:
     def __init__(self):
         self._reset_callbacks: list[Callable[[], None]] = []
         self.commits = 0          #: commits made (the first sync counts as none)
+        self.in_run = False       #: inside elastic.run (only there may a commit start a regrow)
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Call each of ``callbacks`` (no arguments) after every recovery, before the state is synced:
@@ -49,9 +50,16 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """Save the state in memory: a death after this point loses only the work done since."""
+        """Save the state in memory: a death after this point loses only the work done since.
+
+        Inside :func:`~allreduce.elastic.run`, when the world is smaller than ``--max-np``
+        (and spawning has not failed before), it then raises ``HostsUpdatedInterrupt`` on
+        every rank alike (they all know the size): ``run`` spawns replacements and goes on
+        from this commit (Horovod's ``check_host_updates``)."""
         self.save()
         self.commits += 1
+        if self.in_run:
+            _check_regrow()
 
     def describe(self) -> str:
         """The last commit in words, for the message of a job that stops (``commit 12 (epoch=1, batch=4)``)."""
@@ -68,6 +76,16 @@ class State:
 
     def reset(self) -> None:
         """Hook for subclasses: rebuild what depends on the world size (before the callbacks)."""
+
+
+def _check_regrow() -> None:
+    from .. import api
+    from ..errors import HostsUpdatedInterrupt
+    from . import world
+    config = api.communicator().config
+    if config.elastic and api.size() < config.elastic_max_np and not world.regrow_failed:
+        raise HostsUpdatedInterrupt(f"rank {api.rank()}: the world can grow from {api.size()} to "
+                                    f"--max-np {config.elastic_max_np} ranks; elastic.run spawns them")
 
 
 def _broadcast_object(obj: Any) -> Any:

@@ -35,6 +35,7 @@ from ..errors import TransportTimeoutError
 from .base import Transport
 from .liveness import Liveness, raise_if_lost
 from .mailbox import Mailbox
+from .spawn import joined_world
 
 __all__ = ["MPITransport"]
 
@@ -92,7 +93,9 @@ class MPITransport(Transport):
         """``mailbox``: carry small :meth:`exchange` calls through shared memory where every rank
         shares one node (:mod:`allreduce.transport.mailbox`; collective: built here, at once).
         ``elastic``: waits notice a dead peer and raise ``PeerLostError`` (:mod:`.liveness`; ULFM)."""
-        base = MPI.COMM_WORLD if comm is None else comm
+        if comm is None:   # an elastic job's replacement starts from the world it joined (spawn.py)
+            comm = joined_world()[0] if elastic else MPI.COMM_WORLD
+        base = comm
         self.comm = base.Dup() if dup else base
         self._owned = dup
         self.rank = self.comm.Get_rank()

@@ -4,8 +4,9 @@ Run under ``allreduce-run --elastic``::
 
     ELASTIC_KILLS="3@5:ring,0@9:engine" allreduce-run --elastic -np 4 python tests/mpi/elastic_train.py
 
-``ELASTIC_KILLS`` lists ``world_rank@step:phase``: that rank (its rank in the
-starting world) SIGKILLs itself at that step, in that phase:
+``ELASTIC_KILLS`` lists ``name@step:phase``: that process (its rank in the
+starting world, or a replacement's number: ``allreduce.elastic.world``)
+SIGKILLs itself at that step, in that phase:
 
 * ``compute``: while computing its gradient;
 * ``ring``, ``tree``, ``rhd``, ``rd``, ``mpi``, ``shm``, ``mailbox``: inside a direct
@@ -13,7 +14,13 @@ starting world) SIGKILLs itself at that step, in that phase:
   ``mailbox`` is ``rd`` on a message small enough for the shared-memory boxes);
 * ``engine``: inside a named allreduce (negotiation, fusion, the engine's wait);
 * ``commit``: half-way through ``state.commit()``;
-* ``sync``: inside ``state.sync()`` (the first one after a recovery).
+* ``sync``: inside ``state.sync()``: step ``-1`` the first one after a recovery
+  (shrink), step ``-2`` the first one after a regrow (where the replacements get
+  the state; a replacement named here dies in its very first sync).
+
+Under ``--max-np`` the world grows back at the commit after a death
+(:mod:`allreduce.elastic.regrow`): replacements run this script too, named
+4, 5, ... (``allreduce.elastic.world``), and can be killed like any other.
 
 The model: SGD with momentum on ``w`` (64 float64), ``steps`` steps, a commit
 every ``ELASTIC_COMMIT_EVERY`` steps. Rank r of n at step s contributes the
@@ -34,6 +41,7 @@ import numpy as np
 
 import allreduce as ar
 from allreduce import elastic
+from allreduce.elastic import world
 
 N, LR, MU = 64, 2.0 ** -6, 0.5
 ALGORITHMS = ("ring", "tree", "rhd", "rd", "mpi", "shm", "auto")
@@ -69,7 +77,7 @@ def _kills() -> dict[tuple[int, int], str]:
 
 
 KILLS = _kills()
-ME = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+ME = -1          # this process's name (elastic.world.name()), known after ar.init()
 
 
 def die_soon(delay: float) -> None:
@@ -81,7 +89,7 @@ def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
     if KILLS.get((ME, step)) == phase:
         print(f"KILL {ME} step {step} {phase} at {time.time():.6f}", flush=True)
         if mid_call:
-            die_soon(np.random.default_rng(step + 1).uniform(0, 0.003))
+            die_soon(np.random.default_rng(abs(step) + 1).uniform(0, 0.003))
         else:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -94,13 +102,17 @@ class TrainState(elastic.ObjectState):
         super().save()
 
     def sync(self):
-        if KILLS.get((ME, -1)) == "sync" and elastic.recovery.deaths:
+        if KILLS.get((ME, -1)) == "sync" and world.deaths:
             maybe_die(-1, "sync")
+        if KILLS.get((ME, -2)) == "sync" and world.joins:
+            maybe_die(-2, "sync")
         super().sync()
 
 
 def main() -> None:
+    global ME
     ar.init()
+    ME = world.name()
     steps = int(os.environ.get("ELASTIC_STEPS", "24"))
     every = int(os.environ.get("ELASTIC_COMMIT_EVERY", "3"))
     state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[])

@@ -1,0 +1,76 @@
+"""Regrow: spawn replacements at a commit, merge them into the world, go on at the larger size.
+
+::
+
+    survivors (size p < --max-np)                          replacements (n = max_np - p)
+    state.commit()  save, then HostsUpdatedInterrupt       (not started yet)
+    run():  grow(state)
+      1. ar.shutdown()          the world is healthy: a normal, collective shutdown
+      2. MPI_Comm_spawn(n)  --------------------------->   python train.py (the same command)
+                                                           ar.init() joins: merge, news
+      3. merge, news            names, start size ---->    (transport/spawn.py, world.py)
+      4. ar.init(comm=merged)   <-- collective with -->    ar.init's own setup
+         reset callbacks                                   state = ...; train(state) -> run()
+      5. (loop) state.sync()    rank 0's commit ------>    state.sync(): the commit
+         train(state) again, at size max_np                train(state)
+
+Horovod's counterpart is ``HostsUpdatedInterrupt``: its driver finds new hosts,
+``commit()`` raises on every worker, and ``run`` resets and syncs without a
+restore (the state was just committed). Here the new processes are started by
+MPI itself, on the hosts mpirun was given, so no host discovery is needed.
+
+Cost: the survivors wait for the replacements' start-up (a Python start and
+imports, ~1-2 s here) and one sync. A spawn that fails (no free slots:
+MPI_Comm_spawn fails on every parent alike) is said once, and the job goes on
+at its size without trying again. A death during the regrow is a death like
+any other: ``run`` shrinks the world it had.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .. import api, faults
+from ..transport.liveness import is_peer_failure
+from ..transport.mpi import MPI
+from ..transport.spawn import grow as spawn_and_merge
+from . import world
+from .state import State
+
+__all__ = ["grow"]
+
+
+def grow(state: State, settings: dict[str, Any], *, say: Callable[[str], None]) -> bool:
+    """Steps 1-4 of the module doc, on every rank of the current world (collective).
+
+    Returns:
+        Whether the world grew (False: the spawn failed, the world is the same, said once).
+    """
+    comm = world.base()
+    size = comm.Get_size()
+    count = settings["elastic_max_np"] - size
+    names = world.names()
+    fresh = world.new_names(count)
+    started = time.time()
+    api.shutdown()
+    faults.uninstall()                   # it names the rank and size: installed again by init
+    try:
+        merged = spawn_and_merge(comm, count, world.news(names + fresh))
+    except MPI.Exception as exc:
+        if is_peer_failure(exc):
+            raise                        # run() shrinks the world it had
+        world.regrow_failed = True
+        api.init(comm=comm, **settings)
+        if api.rank() == 0:
+            say(f"could not spawn {count} replacement(s) (MPI_Comm_spawn: {exc}); going on with "
+                f"{size} of {world.start_size()} ranks and no more tries")
+        return False
+    world.replace(merged, names + fresh)
+    world.joins.append((started, fresh))
+    api.init(comm=merged, **settings)
+    if api.rank() == 0:
+        from .recovery import clock
+        say(f"rank(s) {', '.join(map(str, fresh))} joined (spawned at {clock(started)} UTC); going on "
+            f"with {api.size()} of {world.start_size()} ranks from {state.describe()}; spawn and "
+            f"rebuild {time.time() - started:.3f} s")
+    return True

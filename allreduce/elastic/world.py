@@ -1,0 +1,118 @@
+"""What an elastic job knows about its world as it shrinks and grows: one record per process.
+
+::
+
+    start  -np 4       names [0, 1, 2, 3]           base: COMM_WORLD
+    rank 2 dies        names [0, 1, 3]              base: MPI_Comm_shrink(base)
+    regrow --max-np 4  names [0, 1, 3, 4]           base: spawn + merge (transport/spawn.py)
+
+A process is named by its rank in the world the job started with; a
+replacement by the next unused number (4 above), so a name is never reused
+and the launcher's summary can say who died and who joined. ``names[i]`` is
+the name of rank ``i`` of ``base``, the same list on every rank; a replacement
+receives it, with the rest of :func:`news`, when it joins.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import Any
+
+from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
+from ..transport.spawn import joined_world
+
+__all__ = ["base", "names", "name", "start_size", "news", "replace", "leave_without_finalize",
+           "exit_status", "deaths", "joins"]
+
+deaths: list[tuple[float, list[int]]] = []   #: (when noticed, names) for every shrink
+joins: list[tuple[float, list[int]]] = []    #: (when joined, names) for every regrow
+regrow_failed = False             #: a spawn failed once: the job goes on at its size, no more tries
+exit_status = 0                   #: the status a process that left without MPI_Finalize ends with
+
+_base = None
+_names: list[int] = []
+_start_size = 0
+_next_name = 0
+
+
+def base():
+    """The communicator the library runs on and a recovery shrinks (set up on first use)."""
+    global _base, _names, _start_size, _next_name, regrow_failed
+    if _base is None:
+        comm, told = joined_world()
+        _base = comm
+        if told is None:                   # a process the job started with
+            _names = list(range(comm.Get_size()))
+            _start_size = _next_name = comm.Get_size()
+        else:                              # a replacement: its parents told it the rest
+            _names, _start_size, _next_name = told["names"], told["start_size"], told["next_name"]
+            regrow_failed = told["regrow_failed"]
+            joins.extend(told["joins"])
+            leave_without_finalize()
+    return _base
+
+
+def names() -> list[int]:
+    """The name of every rank of :func:`base`, in rank order."""
+    base()
+    return list(_names)
+
+
+def name() -> int:
+    """This process's name: its rank in the starting world, or its replacement number."""
+    comm = base()
+    return _names[comm.Get_rank()]
+
+
+def start_size() -> int:
+    base()
+    return _start_size
+
+
+def is_start_world() -> bool:
+    """Whether the job still runs on the world it started with (it never shrank or grew)."""
+    return base() is MPI.COMM_WORLD
+
+
+def new_names(count: int) -> list[int]:
+    """Names for ``count`` replacements (the same on every rank: the counter moves alike)."""
+    global _next_name
+    base()
+    fresh = list(range(_next_name, _next_name + count))
+    _next_name += count
+    return fresh
+
+
+def news(names_after: list[int]) -> dict[str, Any]:
+    """What a replacement must be told when it joins (:func:`base` reads it there)."""
+    return {"names": names_after, "start_size": _start_size, "next_name": _next_name,
+            "regrow_failed": regrow_failed, "joins": list(joins)}
+
+
+def replace(comm, names_of_ranks: list[int]) -> None:
+    """The job goes on on ``comm`` (shrunk or grown), whose rank ``i`` is named ``names_of_ranks[i]``."""
+    global _base, _names
+    _base, _names = comm, list(names_of_ranks)
+    leave_without_finalize()
+
+
+_leaving = False
+
+
+def leave_without_finalize() -> None:
+    """End this process without MPI_Finalize (at exit), once it shrank, grew or joined a world."""
+    global _leaving
+    if not _leaving:
+        _leaving = True
+        atexit.register(_exit_without_finalize)    # after mpi4py's: atexit runs it first
+
+
+def _exit_without_finalize() -> None:
+    """Finalizing with revoked communicators and their shared windows hung now and then, and in a
+    world grown by MPI_Comm_spawn it crashed in Open MPI's disconnect (5.0.11: a segfault in
+    ompi_dpm_dyn_finalize, docs/11); a rank that finished its work has nothing left to say to MPI.
+    Its buffered output is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_status)
