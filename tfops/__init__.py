@@ -68,6 +68,7 @@ from .ops import (Adasum, Average, Compression, Max, Min, Product, Sum, XlaNotSu
                   join)
 from .gather import broadcast_, broadcast_global_variables, broadcast_object_fn
 from .errors import MismatchError
+from .util import _executing_eagerly  # noqa: F401  (Horovod re-exports it; its scripts and tests call it)
 from . import queries as _queries
 from .queries import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                       is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank_op, rocm_built,

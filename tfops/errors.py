@@ -20,6 +20,12 @@ Where it surfaces:
   ours. No Python exception type can make a ``numpy_function`` fail with
   code FAILED_PRECONDITION.
 
+A bad argument that only the collective finds (alltoall ``splits`` that do
+not add up to the rows, rows that ``size()`` does not divide) raises
+:class:`InvalidArgumentError`, both the core's and TensorFlow's, as
+Horovod's ``tf.errors.InvalidArgumentError``; inside ``tf.function`` TF's
+own mapping gives ``InvalidArgumentError`` too (it is a ``ValueError``).
+
 Unsupported requests (Min/Max/Product on ``tf.IndexedSlices``, scaling of
 sparse tensors) raise ``NotImplementedError``, as Horovod's do.
 """
@@ -31,7 +37,7 @@ import tensorflow as tf
 
 from allreduce import errors as _core
 
-__all__ = ["MismatchError", "tf_typed"]
+__all__ = ["MismatchError", "InvalidArgumentError", "tf_typed"]
 
 
 class MismatchError(_core.MismatchError, tf.errors.FailedPreconditionError):
@@ -43,8 +49,19 @@ class MismatchError(_core.MismatchError, tf.errors.FailedPreconditionError):
         self.args = (message,)
 
 
+class InvalidArgumentError(_core.InvalidArgumentError, tf.errors.InvalidArgumentError):
+    """A bad argument found inside a collective (alltoall splits that do not add up, a length
+    that ``size()`` does not divide): ``allreduce.InvalidArgumentError`` (a ``ValueError``) and
+    ``tf.errors.InvalidArgumentError``, as Horovod raises, with the core's message."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+        self.args = (message,)
+
+
 def tf_typed(fn):
-    """``fn`` with the engine's ``MismatchError`` re-raised as :class:`MismatchError` (same text).
+    """``fn`` with the engine's ``MismatchError`` and ``InvalidArgumentError`` re-raised as
+    :class:`MismatchError` and :class:`InvalidArgumentError` (same text).
 
     Wraps the Python function of every tfops ``numpy_function``; the original is the
     new error's ``__cause__``.
@@ -53,8 +70,10 @@ def tf_typed(fn):
     def call(*args):
         try:
             return fn(*args)
-        except MismatchError:
+        except (MismatchError, tf.errors.OpError):
             raise
         except _core.MismatchError as exc:
             raise MismatchError(str(exc)) from exc
+        except _core.InvalidArgumentError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
     return call

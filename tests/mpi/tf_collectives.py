@@ -123,6 +123,8 @@ everyone_raised(InvalidArgumentError, lambda: tfops.alltoall(tf.zeros([3, 2]), s
 everyone_raised(InvalidArgumentError, lambda: tf.function(lambda t: tfops.alltoall(t, splits=[-1] + [1] * (p - 1)
                                                           if me == 0 else [p - 1] + [0] * (p - 1)))(
                                                               tf.zeros([p - 1, 2])), "splits[0] is negative")
+# Eagerly it is also TensorFlow's InvalidArgumentError (Horovod's type), not only the core's ValueError.
+everyone_raised(tf.errors.InvalidArgumentError, lambda: tfops.alltoall(tf.zeros([3, 2]), splits=bad), "splits")
 if p > 1:
     everyone_raised(InvalidArgumentError, lambda: tfops.alltoall(tf.zeros([p + me % 2, 2])), "divisible")
     everyone_raised(MismatchError, lambda: tfops.reducescatter(tf.zeros([2 + me])), "differs")

@@ -57,6 +57,9 @@ def check_queries(p, me):
     for got in both_modes(ops):
         assert [int(v) for v in got] == [p, me, ar.local_size(), ar.local_rank()], got
     assert hvd.size_op().dtype == tf.int32 and hvd.rank_op().shape == []
+    seen = []
+    tf.function(lambda: seen.append(tfops._executing_eagerly()) or tf.constant(0))()   # traced: not eager
+    assert tfops._executing_eagerly() and seen == [False], seen
     # cross_*: ranks sharing my local rank (one per node); reference: every rank's local rank
     every = tfops.allgather_object(ar.local_rank())
     assert hvd.cross_size() == every.count(ar.local_rank()) and hvd.cross_rank() == every[:me].count(ar.local_rank())
