@@ -231,7 +231,7 @@ def ratios(records: list[dict]) -> list[str]:
     t = {(r["mode"], r["algorithm"]): r["time_us"] for r in records}
     out = []
     for mode, fast, base in (("fusion", "engine", "unfused-blocking"), ("fusion", "grouped", "unfused-blocking"),
-                             ("fusion", "native-fused", "native-unfused"),
+                             ("fusion", "native-fused", "native-unfused"), ("fusion", "engine", "native-unfused"),
                              ("resnet50", "engine-161", "raw-allreduce"),
                              ("resnet50", "engine-161-inplace", "raw-allreduce"),
                              ("latency", "engine-roundtrip", "blocking")):

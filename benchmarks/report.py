@@ -11,7 +11,9 @@
 Sections: the sweeps np2, latency, np4, np2cold (as np2 from 1 MiB, but each
 call on a buffer not in the cache, as a large model's gradients are), engine
 (benchmarks/*_bench.py), engine_tcp (fusion and compression with every rank its
-own node, over Open MPI's TCP transport: a network's wire on one machine) and
+own node, over Open MPI's TCP transport: a network's wire on one machine), defaultcall
+(benchmarks/latency_bench.py: the default call against raw mpi4py, 8 B to 4 KiB, and what the
+metadata check costs) and
 training: examples/synthetic_benchmark.py, images/sec of tfops against
 tf.distribute.MultiWorkerMirroredStrategy in the same -np 2 run, one TF
 thread per rank, and scaling efficiency against -np 1; peers (benchmarks/peers/section.py):
@@ -59,6 +61,7 @@ SWEEPS = {  # name: (ranks, script, arguments)
                                          "--algorithms ring,rhd,shm,shm-reg,auto,mpi"),
     "engine": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3"),
     "engine_tcp": (2, "engine_bench.py", "-n 3 -w 1 --repeats 3 --modes fusion,compression"),
+    "defaultcall": (2, "latency_bench.py", "-b 8 -e 4K"),
 }
 
 # Sections whose ranks talk as if on different nodes: every rank its own node (no shared memory,
@@ -73,6 +76,7 @@ QUICK = {  # --quick: the same pipeline in well under a minute, to check the plu
                                          "--algorithms ring,shm,mpi"),
     "engine": (2, "engine_bench.py", "-n 1 -w 1 --tensors 50 --compress-sizes 256K --modes fusion,compression"),
     "engine_tcp": (2, "engine_bench.py", "-n 1 -w 1 --tensors 50 --compress-sizes 256K --modes fusion,compression"),
+    "defaultcall": (2, "latency_bench.py", "-b 8 -e 64 -n 20 --repeats 2 --settle 50"),
 }
 
 
@@ -243,7 +247,8 @@ def render(runs: dict, fit_text: str, plots: dict[str, str], machine: dict, head
               "engine_tcp": "Engine over TCP, every rank its own node: fusion and compression where the wire is a network stack",
               "training": "Training: images/sec, tfops against MultiWorkerMirroredStrategy, -np 1 and 2",
               "peers": "Peers: ours against Gloo (torch.distributed) and Horovod (horovod.tensorflow), -np 2",
-              "cluster": "Cluster: 2 namespace hosts on a shaped link, 1 and 10 Gbit/s (issue 26)"}
+              "cluster": "Cluster: 2 namespace hosts on a shaped link, 1 and 10 Gbit/s (issue 26)",
+              "defaultcall": "The default call against raw MPI, and the metadata check's cost (issue 28), 2 ranks"}
     for name, (text, data, shown) in runs.items():
         lines += [f"## {titles[name]}", "", "```", shown, "```", ""]
         if name == "training":
@@ -381,7 +386,7 @@ def main(argv=None) -> int:
     plots = {}
     for name, (_, data, _) in runs.items():
         png = RESULTS / f"{name}.png"
-        if data and name not in ("engine", "engine_tcp", "training", "peers", "cluster"):
+        if data and name not in ("engine", "engine_tcp", "training", "peers", "cluster", "defaultcall"):
             if name in fresh or not png.is_file():      # a saved sweep keeps its saved plot
                 plot.plot_run(data, png)
             plots[name] = _rel(png)
