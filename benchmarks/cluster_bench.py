@@ -10,7 +10,9 @@ up to ``BLOCK_CALLS`` below, after one warm-up call), times the slowest rank's, 
 the algorithms. ``auto`` is timed once its tuner has kept
 a pick for the size (at most ``SETTLE_CALLS`` calls before: what a training loop, which calls
 the same sizes thousands of times, runs), and the line under the table says what it kept.
-Then the engine's fp32 against fp16 (``Compression.fp16``).
+Then the engine's fp32 against fp16 (``Compression.fp16``), and against float32 of half the
+elements (``eng n/2``: fp16's bytes without its casts and half-precision sums, what compression
+could reach at best).
 
 The link bound: one host's link of R bit/s (the link ``ar.init()`` measured or was given)
 carries ``network.cross_terms``'s b bytes per byte: a flat ring 2(p-1)/p, hierarchical
@@ -76,15 +78,17 @@ def main() -> None:
               f"round-robin, slowest rank; auto after its tuner "
               f"kept a pick; bound = hierarchical's link bound")
         print(f"{'MiB':>8} " + " ".join(f"{a:>12}" for a in algos)
-              + f" {'bound':>8} {'eng fp32':>9} {'eng fp16':>9}  (ms)", flush=True)
+              + f" {'bound':>8} {'eng fp32':>9} {'eng fp16':>9} {'eng n/2':>9}  (ms)", flush=True)
     rows = []
     for mib in sizes:
         x = np.ones(max(int(mib * (1 << 20)) // 4, 1), np.float32)
         kept, calls = settle(x)
         block = max(1, min(BLOCK_CALLS, (4 << 20) // x.nbytes))     # small calls: blocks of many
         t = best({a: (lambda a=a: ar.allreduce(x, algorithm=a)) for a in algos}, block)
+        half = x[:max(x.size // 2, 1)].copy()           # fp16's bytes in float32: what compression could reach
         t.update(best({"eng fp32": lambda: ar.allreduce(x, name="b32"),
-                       "eng fp16": lambda: ar.allreduce(x, name="b16", compression=ar.Compression.fp16)}, block))
+                       "eng fp16": lambda: ar.allreduce(x, name="b16", compression=ar.Compression.fp16),
+                       "eng n/2": lambda: ar.allreduce(half, name="bhalf")}, block))
         b_net = network.cross_terms("hierarchical", p, hosts, x.nbytes)[1]
         bound = b_net * x.nbytes * link.beta if link is not None and hosts > 1 else 0.0
         fastest = min(FLAT + (["hierarchical"] if "hierarchical" in algos else []), key=t.__getitem__)
@@ -93,7 +97,8 @@ def main() -> None:
                      "bound_ms": bound * 1e3, "decided": comm.tuner.decided.get(x.nbytes) if comm.tuner else None})
         if ar.rank() == 0:
             print(f"{mib:8g} " + " ".join(f"{t[a] * 1e3:12.2f}" for a in algos)
-                  + f" {bound * 1e3:8.2f} {t['eng fp32'] * 1e3:9.2f} {t['eng fp16'] * 1e3:9.2f}", flush=True)
+                  + f" {bound * 1e3:8.2f} {t['eng fp32'] * 1e3:9.2f} {t['eng fp16'] * 1e3:9.2f}"
+                  f" {t['eng n/2'] * 1e3:9.2f}", flush=True)
     if ar.rank() == 0:
         for r in rows:
             ms = r["ms"]
@@ -102,7 +107,8 @@ def main() -> None:
                   + (f"; hierarchical / ring {ms['ring'] / ms['hierarchical']:.2f}x, "
                      f"{100 * r['bound_ms'] / ms['hierarchical']:.0f}% of the link bound"
                      if "hierarchical" in ms and r["bound_ms"] else "")
-                  + f"; fp16 / fp32 {ms['eng fp32'] / ms['eng fp16']:.2f}x")
+                  + f"; fp16 / fp32 {ms['eng fp32'] / ms['eng fp16']:.2f}x (half the bytes in float32: "
+                    f"{ms['eng fp32'] / ms['eng n/2']:.2f}x)")
         if out:
             with open(out, "w") as f:
                 json.dump({"ranks": p, "hosts": hosts, "local_size": comm.local_size,

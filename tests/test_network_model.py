@@ -66,3 +66,15 @@ def test_explain_choice_across_nodes():
     lines = text.splitlines()
     assert "across 2 nodes" in lines[0] and lines[2].split()[0] == "hierarchical" and "<- auto" in lines[2]
     assert text.count("<- auto") == 1 and len(lines) == 8
+
+
+def test_across_nodes_the_model_pick_stands_unless_beaten_by_the_margin():
+    from allreduce.auto import NET_MARGIN
+    from allreduce.autotune import AutoTuner, Trial
+    chooser = _Chooser(4, 2, 2, network.parse_link("1gbit"))
+    chooser.tuner = AutoTuner()
+    trial = Trial(16 << 20, ["hierarchical", "mpi", "ring"], 6)
+    chooser.tuner.decided[trial.nbytes] = {"hierarchical": 0.1807, "mpi": 0.1729, "ring": 0.243}
+    assert chooser._model_unless_beaten(trial, "mpi") == "hierarchical"         # 4.5% apart: noise
+    chooser.tuner.decided[trial.nbytes]["mpi"] = 0.1807 / NET_MARGIN / 1.01
+    assert chooser._model_unless_beaten(trial, "mpi") == "mpi"                  # clearly faster: measured wins
