@@ -118,17 +118,6 @@ def _group_sum(comm: Transport, values: np.ndarray, scratch: np.ndarray, level: 
         mask <<= 1
 
 
-def _exchange(comm: Transport, send: np.ndarray, recv: np.ndarray, peer: int) -> None:
-    """Send and receive at once; an empty side is skipped (the peer computes the same sizes)."""
-    requests = []
-    if recv.size:
-        requests.append(comm.irecv(recv, peer, TAG))
-    if send.size:
-        requests.append(comm.isend(send, peer, TAG))
-    if requests:
-        comm.wait_all(requests)
-
-
 def allreduce(comm: Transport, buf: np.ndarray, op: Op = Op.ADASUM, *, workspace: Workspace,
               segment_bytes: int = 0) -> None:
     """Adasum of every rank's ``buf`` (contiguous, 1-D, floating point), in place.
@@ -154,7 +143,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op = Op.ADASUM, *, workspace
         keep, give = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
         spans.append((peer, keep, give))
         n = keep[1] - keep[0]
-        _exchange(comm, buf[give[0]:give[1]], scratch[:n], peer)
+        comm.swap(buf[give[0]:give[1]], scratch[:n], peer, TAG)
         mine, theirs = mine64[:n], theirs64[:n]
         mine[...] = buf[keep[0]:keep[1]]                       # float64 copies: dots and the combination
         theirs[...] = scratch[:n]
@@ -173,4 +162,4 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op = Op.ADASUM, *, workspace
     # Distance doubling: send my finished range, receive the partner's adjacent one in place.
     for step, (peer, keep, give) in enumerate(reversed(spans)):
         comm.mark("allgather", step)
-        _exchange(comm, buf[keep[0]:keep[1]], buf[give[0]:give[1]], peer)
+        comm.swap(buf[keep[0]:keep[1]], buf[give[0]:give[1]], peer, TAG)

@@ -103,17 +103,6 @@ def halving_plan(count: int, q: int, core_rank: int) -> tuple[tuple[int, tuple[i
     return tuple(plan)
 
 
-def _exchange(comm: Transport, send: np.ndarray, recv: np.ndarray, peer: int) -> None:
-    """Send and receive at once; an empty side is skipped (the peer computes the same sizes)."""
-    requests = []
-    if recv.size:
-        requests.append(comm.irecv(recv, peer, TAG))
-    if send.size:
-        requests.append(comm.isend(send, peer, TAG))
-    if requests:
-        comm.wait_all(requests)
-
-
 def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
               segment_bytes: int = 0) -> None:
     """Reduce ``buf`` (contiguous, 1-D) in place across all ranks of ``comm``."""
@@ -139,7 +128,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         for step, (peer, (k_off, k_n), (g_off, g_n)) in enumerate(plan):
             comm.mark("reduce-scatter", step)
             incoming = scratch[:k_n]
-            _exchange(comm, buf[g_off:g_off + g_n], incoming, _real_rank(peer, rem))
+            comm.swap(buf[g_off:g_off + g_n], incoming, _real_rank(peer, rem), TAG)
             mine = buf[k_off:k_off + k_n]
             if step < len(plan) - 1:
                 kernels.reduce_into(mine, incoming, op)
@@ -148,7 +137,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         # Recursive doubling: send my finished range, receive the partner's adjacent one in place.
         for step, (peer, (k_off, k_n), (g_off, g_n)) in enumerate(reversed(plan)):
             comm.mark("allgather", step)
-            _exchange(comm, buf[k_off:k_off + k_n], buf[g_off:g_off + g_n], _real_rank(peer, rem))
+            comm.swap(buf[k_off:k_off + k_n], buf[g_off:g_off + g_n], _real_rank(peer, rem), TAG)
 
     # Unfold: the even ranks return the result to the odd ranks that sat out.
     if rank < 2 * rem:

@@ -65,6 +65,18 @@ class Transport(abc.ABC):
         so both sides must call ``exchange``, not one of them ``send``/``recv``."""
         self.sendrecv(sendbuf, peer, recvbuf, peer, tag)
 
+    def swap(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, tag: int = 0) -> None:
+        """Send to and receive from ``peer`` at once where either side may be empty: an empty
+        side is not posted at all, so the peer must compute the same sizes (halving-doubling's
+        uneven halves, Adasum's). Always point-to-point, never a mailbox."""
+        requests = []
+        if recvbuf.size:
+            requests.append(self.irecv(recvbuf, peer, tag))
+        if sendbuf.size:
+            requests.append(self.isend(sendbuf, peer, tag))
+        if requests:
+            self.wait_all(requests)
+
     def exchange_head(self, head: tuple[int, int], peer: int, tag: int) -> tuple[int, int]:
         """Swap two integers with ``peer``, which makes the matching call at the same step (the
         metadata check's messages: :mod:`allreduce.algorithms.agree`). Here an :meth:`exchange` of
