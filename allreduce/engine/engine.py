@@ -345,17 +345,21 @@ class Engine:
             queue, self._queue = self._queue, []
             if self._join_queued:
                 self._join_queued, self.negotiator.joining = False, True
-        now = time.monotonic()
+        now, pending, timeline = time.monotonic(), self.pending, self.timeline
         for entry in queue:
-            if self.timeline is not None:
-                self.timeline.span(entry.name, "QUEUE", entry.submitted, now)
+            if timeline is not None:
+                timeline.span(entry.name, "QUEUE", entry.submitted, now)
             entry.submitted = now
-            if entry.compressor.wire_dtype(entry.flat.dtype) is None:
+            flat = entry.flat
+            wire = entry.compressor.wire_dtype(flat.dtype)
+            if wire is None:
                 error = precompress(entry, self.rank)   # a custom compressor: compress now, once
                 if error is not None:
                     self._finish(entry, error)
                     continue
-            self.pending[entry.name] = entry
+            else:
+                entry.wire = wire, flat.size          # what fusion._wire would compute again
+            pending[entry.name] = entry
 
     def _finish(self, entry: Entry, result) -> None:
         # No lock: set.discard is atomic in CPython, and the engine thread taking the submit

@@ -191,16 +191,18 @@ class Entry:
         self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
         self.inplace = inplace                   # the result goes into ``array`` itself
         self.wire: tuple | None = None           # (dtype, count) on the wire, once known (fusion._wire)
-        contiguous = array.flags.c_contiguous
+        flags = array.flags                      # one flags object: each .flags makes a new one
+        contiguous = flags.c_contiguous
         self.flat = array.reshape(-1) if contiguous else np.ascontiguousarray(array).reshape(-1)
         # The engine reads the caller's memory only when every rank is ready, so a write in
         # between would change the result silently: make the array read-only until then
         # (a write raises "assignment destination is read-only"). A copy needs no lock.
+        # setflags: half the cost of assigning flags.writeable (0.24 against 0.4 us, twice a tensor).
         self.shares = contiguous                 # flat is the caller's memory (else a copy of it)
-        self.locked = array.flags.writeable and self.shares
+        self.locked = flags.writeable and contiguous
         if self.locked:
-            array.flags.writeable = False
-        self.meta: Meta = (tuple(array.shape), _dtype_name(array.dtype), int(op), compressor.name)
+            array.setflags(write=False)
+        self.meta: Meta = (array.shape, _dtype_name(array.dtype), op._value_, compressor.name)
         self.payload: np.ndarray | None = None   # a custom compressor's output, made at drain time
         self.ctx: Any = None
         self.submitted = time.monotonic()
@@ -220,6 +222,6 @@ class Entry:
         if self.locked:
             self.locked = False
             try:
-                self.array.flags.writeable = True
+                self.array.setflags(write=True)
             except ValueError:                   # its base became read-only meanwhile: leave it
                 pass

@@ -146,7 +146,16 @@ class Negotiator:
         joining = self.joining
         flags = [1 if pending or joining else 0, 0, 1 if shutdown else 0,
                  cutoff + 1 if self.rank == 0 and cutoff >= 0 else 0]
-        new = [e for e in pending.values() if not e.announced and self._cached_meta(e.name) != e.meta]
+        # One pass over pending: cached names with the same metadata set their bit ("mine"); the
+        # others are new to the cache and go through the slow path.
+        positions, metas, new, mine = self.positions, self.metas, [], []
+        for e in pending.values():
+            if not e.announced:
+                pos = positions.get(e.name)
+                if pos is not None and metas[pos] == e.meta:
+                    mine.append(pos)
+                else:
+                    new.append(e)
         flags[_SLOW] = 1 if new or joining else 0
         if self.tiny:
             vec = self._exchange(flags, None)
@@ -156,7 +165,7 @@ class Negotiator:
                 out.shutdown = bool(vec[_SHUTDOWN])
                 return out
         self.idle = 0
-        vec = self._exchange(flags, pending)
+        vec = self._exchange(flags, mine)
         self.stats["full"] += 1
         self.tiny = vec[_PENDING] == 0
         out.shutdown = bool(vec[_SHUTDOWN])
@@ -166,13 +175,14 @@ class Negotiator:
         else:
             full = (masks == self._full).all(axis=1).tolist()  # ready on every rank
         partial_now: dict[str, frozenset[int]] = {}
+        names, ready, ranks, everyone, joined = self.names, out.ready, out.ranks, self._everyone, self.joined
         for pos in np.flatnonzero(masks.any(axis=1)).tolist():   # 1. cached names someone is ready for
-            name = self.names[pos]
-            if full[pos] and self._zero_fill(name, self.metas[pos], pos, masks[pos], out):
-                out.ready.append(name)
-                out.ranks[name] = self._everyone
+            name = names[pos]
+            if full[pos] and (not joined or self._zero_fill(name, metas[pos], pos, masks[pos], out)):
+                ready.append(name)
+                ranks[name] = everyone
             else:
-                partial_now[name] = out.ranks[name] = self._ranks(masks[pos])
+                partial_now[name] = ranks[name] = self._ranks(masks[pos])
         if vec[_SLOW]:                                      # 2. new names
             self.stats["slow"] += 1
             records = [(e.name, e.meta) for e in new] + ([(None, ())] if joining else [])
@@ -224,26 +234,17 @@ class Negotiator:
         for r in joined:
             self._joined_mask[r // _BITS] |= 1 << (r % _BITS)
 
-    def _cached_meta(self, name: str) -> Meta | None:
-        pos = self.positions.get(name)
-        return None if pos is None else self.metas[pos]
-
-    def _exchange(self, flags: list[int], pending: dict[str, Entry] | None) -> np.ndarray:
-        n = 0 if pending is None else len(self.names) * self.words
+    def _exchange(self, flags: list[int], mine: list[int] | None) -> np.ndarray:
+        """Allreduce (Sum) the flags, and with ``mine`` (this rank's ready cache positions) the masks."""
+        n = 0 if mine is None else len(self.names) * self.words
         if self._vec.size != _FLAGS + n:
             self._vec = np.zeros(_FLAGS + n, np.int64)
         vec = self._vec
         vec[:] = 0
         vec[:_FLAGS] = flags
-        if pending is not None:
+        if mine:                                             # one numpy store, not one per tensor
             word, bit = divmod(self.rank, _BITS)
-            positions, metas, mine = self.positions, self.metas, []
-            for name, entry in pending.items():
-                pos = positions.get(name)
-                if pos is not None and not entry.announced and metas[pos] == entry.meta:
-                    mine.append(pos)
-            if mine:                                         # one numpy store, not one per tensor
-                vec[_FLAGS + word + self.words * np.array(mine, np.int64)] = 1 << bit
+            vec[_FLAGS + word + self.words * np.array(mine, np.int64)] = 1 << bit
         self._allreduce(vec, Op.SUM)
         return vec
 
