@@ -4,6 +4,7 @@
 
     python benchmarks/elastic_bench.py                      # recovery at -np 3 and 4, then the steady state
     python benchmarks/elastic_bench.py --recovery-only --sizes 3,4 --rounds 3
+    python benchmarks/elastic_bench.py --regrow --recovery-only     # also grow back (--max-np N)
 
 Recovery. Each launch (``allreduce-run --elastic -np N``) trains a model of
 ``--params`` float32 parameters: a named allreduce of its gradient per step
@@ -18,7 +19,11 @@ of :mod:`allreduce.elastic.recovery`::
     first step  the first step after the sync, to its end
 
 and the new rank 0 reports them (the latest survivor's detection: every
-survivor must have noticed before the shrink can finish).
+survivor must have noticed before the shrink can finish). With ``--regrow``
+the launches run under ``--max-np N``: the commit at step 30 spawns a
+replacement (:mod:`allreduce.elastic.regrow`), timed as ``regrow`` (the
+commit -> the first step completed at full size again, a Python start and the
+sync included) and ``kill -> full`` (the SIGKILL -> that step).
 
 Steady state. ``examples/synthetic_benchmark.py`` at -np 2 three ways: plain;
 plain with ``--mca btl tcp,self`` (what ULFM's TCP costs MPI's own messages);
@@ -48,7 +53,7 @@ def worker(params: int) -> None:
 
     import allreduce as ar
     from allreduce import elastic
-    from allreduce.elastic import recovery
+    from allreduce.elastic import recovery, world
     ar.init()
     victim = ar.size() - 1
     state = elastic.ObjectState(step=0, w=np.zeros(params, np.float32))
@@ -65,6 +70,8 @@ def worker(params: int) -> None:
             state.step += 1
             if recovery.deaths and "first_step" not in times:
                 times["first_step"] = time.time()
+            if world.joins and "full_step" not in times:
+                times["full_step"], times["spawned"] = time.time(), world.joins[-1][0]
             if state.step % EVERY == 0:
                 state.commit()
 
@@ -75,15 +82,17 @@ def worker(params: int) -> None:
     ar.shutdown()
 
 
-def recovery_round(np_: int, params: int) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), sys.executable, __file__,
+def recovery_round(np_: int, params: int, *, regrow: bool = False) -> dict[str, float]:
+    grow = ["--max-np", str(np_)] if regrow else []
+    cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), *grow, sys.executable, __file__,
            "--worker", "--params", str(params)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT).stdout
     killed = float(re.search(r"^KILLED ([\d.]+)$", out, re.M).group(1))
     t = json.loads(re.search(r"^RECOVERY (.*)$", out, re.M).group(1))
     return {"detection": t["caught"] - killed, "shrink": t["shrunk"] - t["caught"],
             "rebuild": t["rebuilt"] - t["shrunk"], "sync": t["synced"] - t["rebuilt"],
-            "first step": t["first_step"] - t["synced"], "total": t["first_step"] - killed}
+            "first step": t["first_step"] - t["synced"], "total": t["first_step"] - killed,
+            **({"regrow": t["full_step"] - t["spawned"], "kill -> full": t["full_step"] - killed} if regrow else {})}
 
 
 def steady_state(batches: int) -> list[tuple[str, float]]:
@@ -106,6 +115,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", default="3,4")
     parser.add_argument("--rounds", type=int, default=2, help="launches per size; the table shows medians")
     parser.add_argument("--recovery-only", action="store_true")
+    parser.add_argument("--regrow", action="store_true", help="--max-np N: time growing back as well")
     parser.add_argument("--batches", type=int, default=20, help="steady state: batches per timed iteration")
     args = parser.parse_args(argv)
     if args.worker:
@@ -115,9 +125,10 @@ def main(argv=None) -> None:
     print(f"# recovery after a SIGKILL at step {KILL_STEP} (commit every {EVERY}), {args.params} float32 "
           f"parameters, median of {args.rounds} launch(es), seconds")
     phases = ["detection", "shrink", "rebuild", "sync", "first step", "total"]
+    phases += ["regrow", "kill -> full"] if args.regrow else []
     print(f"{'np':>4} " + " ".join(f"{p:>11}" for p in phases))
     for np_ in (int(n) for n in args.sizes.split(",")):
-        rounds = [recovery_round(np_, args.params) for _ in range(args.rounds)]
+        rounds = [recovery_round(np_, args.params, regrow=args.regrow) for _ in range(args.rounds)]
         print(f"{np_:>4} " + " ".join(f"{statistics.median(r[p] for r in rounds):>11.3f}" for p in phases),
               flush=True)
     if args.recovery_only:

@@ -3,13 +3,16 @@
 ::
 
     allreduce-run --elastic -np 4 python examples/elastic_train.py --kill-rank 2 --kill-step 12
+    allreduce-run --elastic -np 4 --max-np 4 python examples/elastic_train.py --kill-rank 2   # grows back
     allreduce-run --elastic -np 3 --min-np 3 python examples/elastic_train.py --kill-rank 1   # stops
 
 Linear regression by SGD with momentum, data sharded over the ranks: each
 step allreduces the gradient (named: through the engine), a commit every
 ``--commit-every`` steps. Rank ``--kill-rank`` (its rank in the starting
 world) SIGKILLs itself at ``--kill-step``; the survivors restore the last
-commit, shrink, re-shard the data in a reset callback, and finish.
+commit, shrink, re-shard the data in a reset callback, and finish. Under
+``--max-np`` the next commit spawns a replacement (this script again, named 4)
+that gets the state by sync; the data is re-sharded over the grown world.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 
 import allreduce as ar
 from allreduce import elastic
+from allreduce.elastic import world
 
 
 def main() -> None:
@@ -32,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ar.init()
-    world_rank = ar.rank()                               # fixed for the life of the process
+    name = world.name()           # rank in the starting world (a replacement: 4, 5, ...), for life
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4096, 8))
     y = x @ np.arange(1.0, 9.0)
@@ -47,8 +51,8 @@ def main() -> None:
     @elastic.run
     def train(state):
         while state.step < args.steps:
-            if world_rank == args.kill_rank and state.step == args.kill_step:
-                print(f"rank {world_rank}: SIGKILL at step {state.step}", flush=True)
+            if name == args.kill_rank and state.step == args.kill_step:
+                print(f"rank {name}: SIGKILL at step {state.step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             xs, ys = shard["x"], shard["y"]
             local = xs.T @ (xs @ state.w - ys) / len(x)                 # this shard's part of the gradient

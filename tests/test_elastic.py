@@ -183,13 +183,14 @@ def test_launcher_flags_and_summary():
 
 
 @pytest.mark.slow
-def test_keras_fit_with_the_three_callbacks_survives_a_death():
-    result = launch_job(3, "", script="elastic_keras.py", env={"ELASTIC_KERAS_KILL": "2@1:5",
-                                                               "TF_CPP_MIN_LOG_LEVEL": "2"})
+def test_keras_fit_with_the_three_callbacks_survives_a_death_and_grows_back():
+    result = launch_job(3, "", "--max-np", "3", script="elastic_keras.py",
+                        env={"ELASTIC_KERAS_KILL": "2@1:5", "TF_CPP_MIN_LOG_LEVEL": "2"})
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]
     finals = re.findall(r"^KERAS (\d+) (\d+) epoch=(\d+) (\w+)$", result.stdout, re.M)
-    assert sorted(int(f[0]) for f in finals) == [0, 1], text[-5000:]
-    assert len({f[1:] for f in finals}) == 1, "survivors' weights differ"
-    assert finals[0][1] == "2" and finals[0][2] == "3"
-    assert "RESTORED-OK" in result.stdout and "finished with 2 of 3 ranks" in result.stderr
+    assert sorted(int(f[0]) for f in finals) == [0, 1, 3], text[-5000:]     # 3: the replacement
+    assert len({f[1:] for f in finals}) == 1, "survivors' and replacement's weights differ"
+    assert finals[0][1] == "3" and finals[0][2] == "3"
+    assert "RESTORED-OK" in result.stdout and "RESTORED-WRONG" not in result.stdout
+    assert "finished with 3 of 3 ranks; rank(s) 2 died at" in result.stderr and "rank(s) 3 joined at" in result.stderr

@@ -36,6 +36,7 @@ import numpy as np
 
 from allreduce import api as _api
 from allreduce.elastic import HostsUpdatedInterrupt, ObjectState, State
+from allreduce.elastic import world as _world
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState", "HostsUpdatedInterrupt",
            "is_peer_failure"]
@@ -52,6 +53,19 @@ def is_peer_failure(exc: BaseException) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def _after_rebuild() -> None:
+    """What :func:`tfops.init` does after ``ar.init()``, redone on every rank of a shrunk or grown
+    world: a replacement runs ``tfops.init`` itself, the others this (allreduce/elastic/world.py)."""
+    import tfops
+    from tfops import queries
+    queries._layout.clear()     # keyed by id(communicator): the new one may reuse the old one's id
+    queries.is_homogeneous()    # the layout allgather, as tfops.init runs it
+    tfops.global_process_set.ranks = list(range(_api.size()))
+
+
+_world.rebuild_hooks.append(_after_rebuild)
 
 
 def run(func: Callable) -> Callable:
@@ -104,6 +118,20 @@ class TensorFlowState(ObjectState):
         super().sync()
 
 
+def _build_alone(optimizer, var_list) -> None:
+    """Build a replacement's optimizer on this rank alone. ``DistributedOptimizer.build`` checks
+    with an allgather that every rank trains the same shapes, but the other ranks built theirs
+    before the replacement existed and will not join it; the shapes are checked here instead,
+    by ``_assign`` (the count) and ``Variable.assign`` (each shape)."""
+    from tfops import optimizer as module
+    check = module._check_same_variables
+    module._check_same_variables = lambda var_list: None
+    try:
+        optimizer.build(var_list)
+    finally:
+        module._check_same_variables = check
+
+
 class TensorFlowKerasState(ObjectState):
     """A Keras model's weights, its optimizer's variables and keyword attributes.
 
@@ -129,6 +157,10 @@ class TensorFlowKerasState(ObjectState):
 
     def _restore_tensors(self) -> None:
         self.model.set_weights(self._saved_model)
+        unbuilt = self.optimizer is not None and not getattr(self.optimizer, "built", True)
+        if unbuilt and len(self._saved_opt) > len(self._opt_variables()):
+            # a replacement (regrow) syncing before its first step: make the slots rank 0 has
+            _build_alone(self.optimizer, self.model.trainable_variables)
         _assign(self._opt_variables(), self._saved_opt, "optimizer")
 
     def save(self) -> None:

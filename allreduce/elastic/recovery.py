@@ -145,6 +145,7 @@ def recover(state: State, caught: float) -> None:
         try:
             faults.uninstall()               # it names the rank and size: installed again by init
             api.init(comm=new, **settings)
+            world.rebuilt()
         except BaseException as exc:  # noqa: BLE001
             if not is_peer_failure(exc):
                 raise

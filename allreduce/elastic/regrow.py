@@ -61,6 +61,7 @@ def grow(state: State, settings: dict[str, Any], *, say: Callable[[str], None]) 
             raise                        # run() shrinks the world it had
         world.regrow_failed = True
         api.init(comm=comm, **settings)
+        world.rebuilt()
         if api.rank() == 0:
             say(f"could not spawn {count} replacement(s) (MPI_Comm_spawn: {exc}); going on with "
                 f"{size} of {world.start_size()} ranks and no more tries")
@@ -68,6 +69,7 @@ def grow(state: State, settings: dict[str, Any], *, say: Callable[[str], None]) 
     world.replace(merged, names + fresh)
     world.joins.append((started, fresh))
     api.init(comm=merged, **settings)
+    world.rebuilt()                      # a replacement's init does the same (tfops: its allgather)
     if api.rank() == 0:
         from .recovery import clock
         say(f"rank(s) {', '.join(map(str, fresh))} joined (spawned at {clock(started)} UTC); going on "

@@ -17,18 +17,22 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.spawn import joined_world
 
 __all__ = ["base", "names", "name", "start_size", "news", "replace", "leave_without_finalize",
-           "exit_status", "deaths", "joins"]
+           "exit_status", "deaths", "joins", "rebuild_hooks", "rebuilt"]
 
 deaths: list[tuple[float, list[int]]] = []   #: (when noticed, names) for every shrink
 joins: list[tuple[float, list[int]]] = []    #: (when joined, names) for every regrow
 regrow_failed = False             #: a spawn failed once: the job goes on at its size, no more tries
 exit_status = 0                   #: the status a process that left without MPI_Finalize ends with
+#: Called on every rank after the library was rebuilt on a new world (shrunk or grown), in order:
+#: a layer above redoes what its own init does collectively after ``ar.init()`` (tfops: the
+#: layout allgather), as a replacement's init does it, so the two sides stay in step.
+rebuild_hooks: list[Callable[[], None]] = []
 
 _base = None
 _names: list[int] = []
@@ -95,6 +99,12 @@ def replace(comm, names_of_ranks: list[int]) -> None:
     global _base, _names
     _base, _names = comm, list(names_of_ranks)
     leave_without_finalize()
+
+
+def rebuilt() -> None:
+    """Run :data:`rebuild_hooks` (collective: every rank of the new world)."""
+    for hook in rebuild_hooks:
+        hook()
 
 
 _leaving = False

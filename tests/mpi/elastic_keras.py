@@ -2,13 +2,16 @@
 
 ::
 
-    ELASTIC_KERAS_KILL=2@1:5 allreduce-run --elastic -np 3 python tests/mpi/elastic_keras.py
+    ELASTIC_KERAS_KILL=2@1:5 allreduce-run --elastic -np 3 --max-np 3 python tests/mpi/elastic_keras.py
 
 World rank 2 SIGKILLs itself at epoch 1, batch 5. The survivors restore the last
 commit (every 2 batches), check that the model and optimizer hold exactly the
-committed values (``RESTORED-OK``), sync, and finish the remaining batches and
-epochs. Each survivor prints ``KERAS <world rank> <size> epoch=<e> <digest>``; the
-digest covers the weights and every optimizer variable (momentum, iterations).
+committed values (``RESTORED-OK``), sync, and go on; under ``--max-np 3`` the
+next commit (``CommitStateCallback``, inside ``model.fit``) spawns a replacement,
+named 3, that builds its model, gets the commit by sync (its optimizer's slots
+built to match) and finishes the remaining batches and epochs with them. Each
+process prints ``KERAS <name> <size> epoch=<e> <digest>``; the digest covers the
+weights and every optimizer variable (momentum, iterations).
 """
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ import keras
 
 import tfops.keras as hvd
 import tfops.keras.elastic  # noqa: F401 - hvd.elastic, also while tfops.keras/__init__ is being edited
+from allreduce.elastic import world
 
 EPOCHS, BATCHES, BS = 3, 8, 4
-ME = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+ME = -1                     # this process's name (allreduce.elastic.world), known after init
 who, when = os.environ.get("ELASTIC_KERAS_KILL", "-1@0:0").split("@")
 KILL = (int(who), *map(int, when.split(":")))
 
@@ -47,7 +51,9 @@ def digest(model, optimizer) -> str:
 
 
 def main() -> None:
+    global ME
     hvd.init()
+    ME = world.name()
     keras.utils.set_random_seed(ME)            # different starting weights per rank: sync must fix that
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
     optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
