@@ -27,7 +27,7 @@ ALLREDUCE_CUDA_IPC                 cuda_ipc                      0
 ALLREDUCE_CUDA_AWARE_MPI           cuda_aware_mpi                auto (1 / 0 force)
 ALLREDUCE_ELASTIC                  elastic                       0 (allreduce-run --elastic sets 1)
 ALLREDUCE_ELASTIC_MIN_NP           elastic_min_np                1 (--min-np)
-ALLREDUCE_ELASTIC_MAX_NP           elastic_max_np                0 (--max-np; 0: the starting size)
+ALLREDUCE_ELASTIC_MAX_NP           elastic_max_np                0 (--max-np: regrow up to it; 0: no regrow)
 =================================  ============================  ===========
 
 The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
