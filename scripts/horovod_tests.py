@@ -141,7 +141,7 @@ KERAS3_SPELLINGS = [
 
 _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 _SUBTESTS_PASSED = re.compile(r"(\d+) subtests passed")
-_SUBFAILED = re.compile(r"SUBFAILED\[(\w+)\]")
+_SUBFAILED = re.compile(r"SUBFAILED\[(\w+)\]")      # in the -rf summary: which half of a test failed
 
 
 def make_alias_dir(test_file: Path, keras3: bool, source: Path) -> tuple[Path, Path]:
@@ -202,7 +202,7 @@ def _kill_tagged(tag: str) -> None:
 def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) -> tuple[str, str, float]:
     """One mpirun for one test; returns (verdict, the last lines of output, seconds)."""
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "pytest",
-           "-q", "-x", "-p", "no:cacheprovider", "-rs", test_id]
+           "-q", "-x", "-p", "no:cacheprovider", "-rfEs", test_id]
     env = dict(env, HVDTESTS_TAG=uuid.uuid4().hex)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent, stdout=subprocess.PIPE,

@@ -48,9 +48,8 @@ process_set_included_op, init(process_sets=...), and process_set= on every colle
 join() (for uneven data: tfops.ops.join, allreduce.join) and op=Adasum on allreduce,
 grouped_allreduce, DistributedGradientTape and DistributedOptimizer (allreduce/algorithms/adasum.py).
 
-Not covered:
-``gradient_predivide_factor`` / ``num_groups`` arguments, tf.compat.v1
-optimizers and sessions, ``hvd.load_model``, ``momentum_correction`` (accepted, ignored).
+Not covered: tf.compat.v1 optimizers; ``momentum_correction`` (accepted, ignored). TF1 graphs run
+the ops in creation order on every rank (tfops.graph_order); errors there are ``UnknownError``.
 
 Every op works eagerly, inside ``tf.function`` and inside ``model.fit`` (a
 ``tf.numpy_function`` into the engine, with a registered gradient; see
