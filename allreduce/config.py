@@ -21,6 +21,7 @@ ALLREDUCE_FUSION_THRESHOLD         fusion_threshold (bytes)      134217728
 ALLREDUCE_CACHE_CAPACITY           cache_capacity                1024
 ALLREDUCE_STALL_CHECK_TIME         stall_check_time (seconds)    60.0 (0: off)
 ALLREDUCE_STALL_SHUTDOWN_TIME      stall_shutdown_time (seconds) 600.0 (0: never)
+ALLREDUCE_OUT_OF_STEP_TIME         out_of_step_time (seconds)    5.0 (0: off)
 ALLREDUCE_TIMELINE                 timeline (path)               "" (off)
 ALLREDUCE_DEVICE                   device (CUDA device id)       -1 (local_rank % GPUs)
 ALLREDUCE_CUDA_IPC                 cuda_ipc                      0
@@ -52,6 +53,15 @@ The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
   submitted and others did not, naming both, after this many seconds.
 * ``stall_shutdown_time``: after this many seconds such tensors fail with
   ``StallError`` on every rank instead of hanging.
+* ``out_of_step_time``: when every rank has waited this long for a name
+  that another rank has not submitted (each waits for a different tensor,
+  so none can go on), every such name fails with ``StallError`` on every
+  rank, saying the ranks are out of step. A blocking call (tfops, a named
+  ``ar.allreduce``) never leaves that state by itself. A program that
+  submits ``allreduce_async`` in different orders on different ranks, with
+  more than this many seconds of work between its submits, passes through
+  it legitimately: raise this setting or set 0 (then only
+  ``stall_shutdown_time`` ends a stall).
 * ``timeline``: write a Chrome-trace JSON timeline; rank 0 writes this path,
   rank r writes ``<stem>.rank<r><suffix>`` next to it.
 """
@@ -95,6 +105,7 @@ class Config:
     cache_capacity: int = 1024       #: names in the engine's response cache
     stall_check_time: float = 60.0   #: seconds before warning about a partially submitted tensor (0: off)
     stall_shutdown_time: float = 600.0  #: seconds before failing it with StallError (0: never)
+    out_of_step_time: float = 5.0    #: seconds every rank may wait for names others lack (0: off)
     timeline: str = ""               #: Chrome-trace JSON path ("" = off)
     device: int = -1                 #: CUDA device of this rank (-1: local_rank % number of GPUs)
     cuda_ipc: bool = False           #: one node: reduce straight from peers' GPU buffers (CUDA IPC)
@@ -119,6 +130,7 @@ class Config:
         "cache_capacity": "ALLREDUCE_CACHE_CAPACITY",
         "stall_check_time": "ALLREDUCE_STALL_CHECK_TIME",
         "stall_shutdown_time": "ALLREDUCE_STALL_SHUTDOWN_TIME",
+        "out_of_step_time": "ALLREDUCE_OUT_OF_STEP_TIME",
         "timeline": "ALLREDUCE_TIMELINE",
         "device": "ALLREDUCE_DEVICE",
         "cuda_ipc": "ALLREDUCE_CUDA_IPC",
@@ -141,7 +153,8 @@ class Config:
             raise ValueError(f"cuda_aware_mpi must be auto, 1 or 0; got {self.cuda_aware_mpi!r}")
         if not self.cycle_time > 0:
             raise ValueError(f"cycle_time must be positive milliseconds, got {self.cycle_time}")
-        for name in ("fusion_threshold", "cache_capacity", "stall_check_time", "stall_shutdown_time"):
+        for name in ("fusion_threshold", "cache_capacity", "stall_check_time", "stall_shutdown_time",
+                     "out_of_step_time"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

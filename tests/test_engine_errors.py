@@ -109,14 +109,12 @@ def test_a_peer_that_never_starts_fails_the_handles_instead_of_hanging():
     engine.shutdown(timeout=5)
 
 
-def test_out_of_step_ranks_fail_every_waiting_name_on_every_rank_then_go_on(monkeypatch):
+def test_out_of_step_ranks_fail_every_waiting_name_on_every_rank_then_go_on():
     # Rank 1 "failed a step and moved on": it waits for 'next' while ranks 0 and 2 still wait
-    # for 'step'. Nobody can go on; within OUT_OF_STEP_SECONDS (not stall_shutdown_time) both
+    # for 'step'. Nobody can go on; within out_of_step_time (not stall_shutdown_time) both
     # names fail on every rank that submitted them, with one message naming who waits for what.
-    from allreduce.engine import stall
-    monkeypatch.setattr(stall, "OUT_OF_STEP_SECONDS", 0.3)
     p = 3
-    with engines(p, stall_shutdown_time=600) as engs:
+    with engines(p, stall_shutdown_time=600, out_of_step_time=0.3) as engs:
         start = time.monotonic()
         handles = [engs[r].submit(np.ones(4), name="next" if r == 1 else "step") for r in range(p)]
         messages = []
@@ -129,3 +127,29 @@ def test_out_of_step_ranks_fail_every_waiting_name_on_every_rank_then_go_on(monk
             in messages[0] and "'step' submitted by rank(s) 0, 2, missing on rank(s) 1" in messages[0]
         assert messages[0] == messages[2] and messages[1].split(":", 1)[1] == messages[0].split(":", 1)[1]
         _check_good(wait_all(submit_all(engs, _good(p, 3), op=Op.SUM)), p, 3)    # in step again: works
+
+
+@pytest.mark.parametrize("limit", [0, 30])
+def test_async_submits_in_different_orders_are_not_out_of_step_when_off_or_patient(limit):
+    # allreduce_async in different orders, with work between the submits: for a while every rank
+    # waits for a name another lacks, which is legitimate. With out_of_step_time 0 (off) or longer
+    # than that while, both names complete with the exact sums instead of failing.
+    p = 2
+    with engines(p, stall_shutdown_time=600, out_of_step_time=limit) as engs:
+        first = [engs[r].submit(np.full(4, r + 1.0), name="a" if r == 0 else "b", op=Op.SUM) for r in range(p)]
+        time.sleep(0.6)                                   # well past 0.3 s, the failing test's limit
+        second = [engs[r].submit(np.full(4, 10.0 * (r + 1)), name="b" if r == 0 else "a",
+                                 op=Op.SUM) for r in range(p)]
+        a = [first[0].wait(20), second[1].wait(20)]
+        b = [second[0].wait(20), first[1].wait(20)]
+        for result in a:
+            np.testing.assert_array_equal(result, np.full(4, 1.0 + 20.0))
+        for result in b:
+            np.testing.assert_array_equal(result, np.full(4, 10.0 + 2.0))
+
+
+def test_out_of_step_time_is_a_setting():
+    from allreduce.config import Config
+    assert Config.from_env({"ALLREDUCE_OUT_OF_STEP_TIME": "0"}).out_of_step_time == 0
+    with pytest.raises(ValueError, match="out_of_step_time must be >= 0"):
+        Config(out_of_step_time=-1)

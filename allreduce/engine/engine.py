@@ -89,7 +89,8 @@ class Engine:
                              self.transport if self.timeline else None, control=reducer.control,
                              allreduce_many=reducer.allreduce_many)
         self.stall = StallInspector(self.rank, self.size, check_time=config.stall_check_time,
-                                    shutdown_time=config.stall_shutdown_time)
+                                    shutdown_time=config.stall_shutdown_time,
+                                    out_of_step_time=config.out_of_step_time)
         self.pending: dict[str, Entry] = {}
         self.cycles = 0                                   # cycles run (a statistic for tests)
         self._lock = threading.Lock()

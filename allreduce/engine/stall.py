@@ -16,13 +16,14 @@ Rank 0 inspects, once per cycle, before the cycle's exchange:
 * out of step: when every rank has submitted some name that another rank
   lacks (each rank is waiting for a different tensor: one rank failed a
   step and moved on, or the ranks call collectives in different orders),
-  for ``OUT_OF_STEP_SECONDS``, no rank can go on. Rank 0 then sends the
+  for ``out_of_step_time`` seconds (``ALLREDUCE_OUT_OF_STEP_TIME``, default 5,
+  0 = off), no rank can go on. Rank 0 then sends the
   cutoff at once, whatever ``stall_shutdown_time`` says, and every rank
   fails every partial name with a ``StallError`` that says the ranks are
   out of step and who waits for what (:func:`out_of_step`), instead of
   hanging until the stall limit;
 * after ``stall_shutdown_time`` seconds (``ALLREDUCE_STALL_SHUTDOWN_TIME``,
-  default 0 = never) it sends a cutoff cycle in the next exchange: every
+  default 600, 0 = never) it sends a cutoff cycle in the next exchange: every
   rank fails every name that has been partial since that cycle or earlier
   with ``StallError``, in the same cycle. Deciding on rank 0's clock and
   sending a cycle number (not a time) keeps every rank's decision the same.
@@ -34,15 +35,9 @@ import time
 
 from ..errors import StallError
 
-__all__ = ["StallInspector", "stall_message", "stall_error", "out_of_step", "OUT_OF_STEP_SECONDS"]
+__all__ = ["StallInspector", "stall_message", "stall_error", "out_of_step"]
 
 log = logging.getLogger("allreduce.engine")
-
-#: How long every rank may wait for a name another rank lacks before they are declared out of
-#: step. A tfops op blocks until its name is reduced, so there the state never resolves itself;
-#: ranks that submit asynchronously in different orders pass through it for a moment only.
-OUT_OF_STEP_SECONDS = 5.0
-
 
 def out_of_step(partial: dict, size: int) -> str | None:
     """Who waits for what, when every rank has submitted a name that some rank lacks; else None.
@@ -81,9 +76,13 @@ def stall_error(name: str, ready: list[int], missing: list[int], limit: float,
 class StallInspector:
     """Rank 0's watch over partially submitted names."""
 
-    def __init__(self, rank: int, size: int, *, check_time: float, shutdown_time: float):
+    def __init__(self, rank: int, size: int, *, check_time: float, shutdown_time: float,
+                 out_of_step_time: float = 5.0):
         self.rank, self.size = rank, size
         self.check_time, self.shutdown_time = check_time, shutdown_time
+        # A tfops op blocks until its name is reduced, so there the out-of-step state never resolves
+        # itself; ranks that submit asynchronously in different orders pass through it, briefly.
+        self.out_of_step_time = out_of_step_time
         self._warned: dict[str, float] = {}
         self._stuck_since: float | None = None   # since when every rank waits for a partial name
 
@@ -102,11 +101,11 @@ class StallInspector:
             self._stuck_since = None
             return -1
         now = time.monotonic()
-        if out_of_step(partial, self.size) is None:
+        if self.out_of_step_time <= 0 or out_of_step(partial, self.size) is None:
             self._stuck_since = None
         elif self._stuck_since is None:
             self._stuck_since = now
-        elif now - self._stuck_since >= OUT_OF_STEP_SECONDS:
+        elif now - self._stuck_since >= self.out_of_step_time:
             return max(since for since, _, _ in partial.values())     # fail every partial name now
         everyone = set(range(self.size))
         for name in list(self._warned):
