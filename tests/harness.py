@@ -100,6 +100,37 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+#: Environment of the TensorFlow rank scripts: one thread per op pool, so 2-3 ranks share 2 cores sanely.
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+          "TF_NUM_INTEROP_THREADS": "1"}
+
+
+def run_alone(script: str | Path, *args: str, timeout: float = 120.0, env: dict | None = None) -> str:
+    """Run ``python script args`` as one process without mpirun (a 1-rank world); return its stdout.
+
+    Fails the test, naming it, on a timeout (the process group is killed) or a non-zero exit.
+    """
+    script = Path(script)
+    if not script.is_absolute():
+        script = MPI_SCRIPTS / script
+    full_env = mpi_env()
+    full_env.update(env or {})
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full_env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        pytest.fail(f"TIMEOUT after {timeout:g} s in {test}: python {script.name} {' '.join(args)}\n"
+                    f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"python {script.name} {' '.join(args)} exited {proc.returncode}\n"
+                    f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
+    return out
+
+
 def mpirun(np_: int, script: str | Path, *args: str, timeout: float = 120.0, env: dict | None = None,
            check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python script args`` on ``np_`` ranks under mpirun; fail the test on timeout.

@@ -17,12 +17,10 @@ import pytest
 
 from allreduce.cluster import cli, net
 
-from .harness import MPI_SCRIPTS, mpi_env
+from .harness import MPI_SCRIPTS, TF_ENV, mpi_env
 
 PREFIX = "arct"
 TIMEOUT = 300
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
-       "TF_NUM_INTEROP_THREADS": "1"}
 RUN = Path(sys.executable).parent / "allreduce-run"
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(2 * TIMEOUT)]
 
@@ -56,7 +54,7 @@ def launch(np_: int, *args: str, timeout: float = TIMEOUT) -> str:
     """``allreduce-run --cluster=arct -np np_ python cluster_check.py args``; stdout. Fails on error or timeout."""
     cmd = [str(RUN), f"--cluster={PREFIX}", "-np", str(np_), sys.executable, str(MPI_SCRIPTS / "cluster_check.py"),
            *args]
-    env = {**mpi_env(), **ENV}
+    env = {**mpi_env(), **TF_ENV}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:

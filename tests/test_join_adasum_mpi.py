@@ -6,10 +6,7 @@ test_adasum.py) cover the engine and the algorithm at more sizes, cheaply.
 """
 import pytest
 
-from .harness import mpirun
-
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
-          "TF_NUM_INTEROP_THREADS": "1"}
+from .harness import TF_ENV, mpirun
 TIMEOUT = 400            # TF's import alone takes tens of seconds when the 2 cores are shared
 
 

@@ -6,37 +6,25 @@ and tf_train.py; their docstrings list what they check), each run once per
 world size. TF runs
 with one intra-op and one inter-op thread.
 """
-import subprocess
-import sys
-
 import pytest
 
-from .harness import MPI_SCRIPTS, mpi_env, mpirun
+from .harness import TF_ENV, mpirun, run_alone
 
 pytest.importorskip("tensorflow")
 
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
-       "TF_NUM_INTEROP_THREADS": "1"}
 # TF's import alone takes tens of seconds when the 2 cores are shared; the checks themselves ~10 s.
 TIMEOUT = 400
 pytestmark = pytest.mark.timeout(TIMEOUT + 30)
 
 
 def test_ops_and_gradients_one_process_without_mpirun():
-    env = mpi_env()
-    env.update(ENV)
-    try:
-        proc = subprocess.run([sys.executable, str(MPI_SCRIPTS / "tf_ops.py")], env=env, capture_output=True,
-                              text=True, timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"TIMEOUT after {TIMEOUT} s: python tf_ops.py\n{exc.stdout}\n{exc.stderr}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "rank 0: tf_ops OK" in proc.stdout
+    out = run_alone("tf_ops.py", timeout=TIMEOUT, env=TF_ENV)
+    assert "rank 0: tf_ops OK" in out, out[-3000:]
 
 
 @pytest.mark.mpi
 def test_ops_gradients_and_errors_3_ranks():
-    out = mpirun(3, "tf_ops.py", timeout=TIMEOUT, env=ENV).stdout
+    out = mpirun(3, "tf_ops.py", timeout=TIMEOUT, env=TF_ENV).stdout
     assert all(f"rank {r}: tf_ops OK" in out for r in range(3)), out[-3000:]
 
 
@@ -44,11 +32,11 @@ def test_ops_gradients_and_errors_3_ranks():
 def test_horovod_surface_2_ranks():
     """tests/mpi/tf_surface.py (issue 27's ops, arguments, errors, gradients and dtypes); it also
     runs inside tf_ops.py, so the tests above cover one and three ranks."""
-    out = mpirun(2, "tf_surface.py", timeout=TIMEOUT, env=ENV).stdout
+    out = mpirun(2, "tf_surface.py", timeout=TIMEOUT, env=TF_ENV).stdout
     assert all(f"rank {r}: tf_surface OK" in out for r in range(2)), out[-3000:]
 
 
 @pytest.mark.mpi
 def test_training_matches_single_process_2_ranks():
-    out = mpirun(2, "tf_train.py", timeout=TIMEOUT, env=ENV).stdout
+    out = mpirun(2, "tf_train.py", timeout=TIMEOUT, env=TF_ENV).stdout
     assert all(f"rank {r}: tf_train OK" in out for r in range(2)), out[-3000:]
