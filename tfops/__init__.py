@@ -70,8 +70,8 @@ from .errors import MismatchError
 from .util import _executing_eagerly  # noqa: F401  (Horovod re-exports it; its scripts and tests call it)
 from . import queries as _queries
 from .queries import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-                      is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank_op, rocm_built,
-                      size_op)
+                      is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported,
+                      nccl_built, rank_op, rocm_built, size_op, sycl_built)
 from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .sync_batch_norm import SyncBatchNormalization
@@ -98,7 +98,8 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "Product", "MismatchError", "broadcast_", "broadcast_global_variables", "broadcast_object_fn",
            "start_timeline", "stop_timeline", "size_op", "rank_op", "local_size_op", "local_rank_op",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-           "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous", "cross_size", "cross_rank"]
+           "ccl_built", "rocm_built", "ddl_built", "sycl_built", "cuda_built", "is_homogeneous", "cross_size",
+           "cross_rank"]
 
 
 def init(comm=None, process_sets=None, **settings) -> None:

