@@ -28,6 +28,16 @@ def test_a_dropped_result_is_reused_and_a_held_one_never_is():
     assert where in {pool.empty(100, np.float32).ctypes.data, pool.empty(100, np.float32).ctypes.data}
 
 
+def test_pooled_results_are_64_byte_aligned_and_still_tracked():
+    """TensorFlow shares a numpy array's memory only when it is 64-byte aligned (else tfops' eager
+    results were copied); the aligned view must still count as a use of its block."""
+    pool = ResultPool(min_bytes=64, keep=4)
+    held = [pool.empty(n, dt) for n, dt in ((100, np.float32), (1000, np.float64), (333, np.int8))]
+    assert all(a.ctypes.data % 64 == 0 for a in held)
+    again = pool.empty(100, np.float32)                       # the first is held: a new block
+    assert not np.shares_memory(again, held[0]) and again.ctypes.data % 64 == 0
+
+
 def test_other_dtypes_small_arrays_and_bounds():
     pool = ResultPool(min_bytes=1024, keep=2, max_bytes=4096)
     small = pool.empty(10, np.float64)                       # 80 B: not pooled
