@@ -11,8 +11,11 @@ no ``GradientTape`` or ``ForwardAccumulator`` recording (:func:`untaped`):
    are immutable, and the engine only reads them);
 2. the engine call, as in graph mode (errors typed by :func:`tfops.errors.tf_typed`);
 3. outputs: a tensor that keeps the engine's new result array, without a copy (:func:`tensor`;
-   ``tf.constant`` copies every numpy array first); a group's result per dtype is one tensor cut
-   by one ``tf.split`` (:func:`unpack`; ~3 us a piece, against ~15 us for a tensor per array).
+   ``tf.constant`` copies every numpy array first). TF shares an array's memory only where it
+   is 64-byte aligned, as the engine's pooled results (256 KiB and up) are
+   (:data:`allreduce.buffers.ALIGN`); a smaller result is copied, which costs little. A group's
+   result per dtype is one tensor cut by one ``tf.split`` (:func:`unpack`; ~3 us a piece,
+   against ~15 us for a tensor per array).
 
 Under a tape, inside ``tf.function`` and in ``model.fit`` the ops take the graph path
 (``numpy_function`` + ``custom_gradient``) as before, so gradients are unchanged.
