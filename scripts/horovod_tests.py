@@ -135,6 +135,9 @@ KERAS3_SPELLINGS = [
      "ThresholdedReLU was removed in Keras 3"),
     (r",\s*input_length=10", "", "Embedding lost input_length"),
     (r"keras\.losses\.mean_squared_error\b", "keras.losses.mse", "tf.keras.losses lost the long function name"),
+    (r"BatchNormalization\(axis=1, fused=False\)", "BatchNormalization(axis=1)",
+     "Keras 3's BatchNormalization has no fused= (it chooses its kernel itself)"),
+    (r"\b(bn|sync_bn)\.apply\(", r"\1(", "Keras 3 layers have no Layer.apply, Keras 2's alias of calling the layer"),
     (r"(?<![\w.])(\w+)\.ref\(\)", r"id(\1)",
      "Keras 3 variables have no Variable.ref() (a tf.Variable method); id() keys the same objects"),
 ]
