@@ -37,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=["tape", "hooks", "optimizer"], default="tape",
                         help="DistributedGradientTape, GradientHooks, or DistributedOptimizer.apply")
     parser.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression of the gradients")
+    parser.add_argument("--num-groups", type=int, default=0,
+                        help="--mode tape: reduce in this many grouped calls after backprop (Horovod's num_groups; "
+                             "1: one call). Default 0: buckets submitted as backprop produces them (tfops.overlap)")
     parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--width", type=int, default=16, help="channels of the first conv layer")
@@ -152,7 +155,7 @@ def run(args) -> dict:
         if hooks is not None:
             grads = hooks.wait(tape.gradient(loss, model.trainable_variables))
         elif args.mode == "tape":
-            grads = hvd.DistributedGradientTape(tape, compression=compression).gradient(
+            grads = hvd.DistributedGradientTape(tape, compression=compression, num_groups=args.num_groups).gradient(
                 loss, model.trainable_variables)
         else:
             grads = tape.gradient(loss, model.trainable_variables)

@@ -18,7 +18,9 @@
   ``n`` nearly equal groups; ``groups=[[v, ...], ...]`` names them by variable
   (gradients of variables in no group get a group each). Every group is one
   grouped allreduce (:func:`tfops.gradients.reduce_gradients`), so the
-  engine negotiates and fuses it as one tensor. Default: one group.
+  engine negotiates and fuses it as one tensor. Default: one group, eagerly; inside a graph
+  (``tf.function``, ``model.fit``) buckets of about 1 MiB in backprop order, each submitted as
+  soon as its gradients exist, all waited for once (:mod:`tfops.overlap`).
 
 Cost: one grouped allreduce per group, of the non-local gradients' bytes;
 the predivide adds two elementwise scalings.
@@ -121,9 +123,9 @@ def _reduce_group(grads: list, names: list[str], settings: GradientSettings) -> 
                      else g for g in grads]
             return grouped_allreduce_in_set(dense, op=op, prescale_factor=pre, postscale_factor=post,
                                             process_set=settings.process_set)
-    if f == 1.0:
+    if f == 1.0:        # the default single group: buckets overlapping backprop (tfops.overlap)
         return reduce_gradients(grads, names, op=op, compression=settings.compression,
-                                sparse_as_dense=settings.sparse_as_dense)
+                                sparse_as_dense=settings.sparse_as_dense, overlap=settings.groups is None)
     # Average with a predivide: (1/f) before the sum, f/size after it (Horovod's pre/postscale split).
     summed = reduce_gradients([_scale(g, 1.0 / f) for g in grads], names, op=ar.Sum,
                               compression=settings.compression, sparse_as_dense=settings.sparse_as_dense)

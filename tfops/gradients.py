@@ -12,6 +12,7 @@ import tensorflow as tf
 import allreduce as ar
 
 from .ops import Average, Compression, _check_op, _grouped_dense, _plain_python, allreduce, check_compression
+from .overlap import reduce_overlapped
 
 __all__ = ["gradient_names", "reduce_gradients"]
 
@@ -28,7 +29,7 @@ def gradient_names(prefix: str, count: int) -> list[str]:
 
 @_plain_python
 def reduce_gradients(grads, names: list[str], op=Average, compression=Compression.none,
-                     sparse_as_dense: bool = False) -> list:
+                     sparse_as_dense: bool = False, overlap: bool = False) -> list:
     """Reduce a step's gradients: every dense one in ONE grouped call, sparse ones allgathered.
 
     Args:
@@ -37,6 +38,9 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
         op: ``Sum`` or ``Average``.
         compression: applied to the dense gradients.
         sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense ones.
+        overlap: inside a graph (``tf.function``, ``model.fit``), reduce the dense ones in
+            buckets submitted as backprop produces them (:mod:`tfops.overlap`) instead of one
+            grouped call after the whole backward pass. Eagerly it changes nothing.
 
     Returns:
         The reduced gradients, in order. On a single rank they are the gradients
@@ -56,7 +60,10 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
             dense.append(i)
     if dense:
         xs = [tf.convert_to_tensor(out[i]) for i in dense]
-        ys = _grouped_dense(xs, _check_op(op), check_compression(compression), [names[i] for i in dense])
+        if overlap and not tf.executing_eagerly():
+            ys = reduce_overlapped(xs, [names[i] for i in dense], _check_op(op), check_compression(compression))
+        else:
+            ys = _grouped_dense(xs, _check_op(op), check_compression(compression), [names[i] for i in dense])
         for i, y in zip(dense, ys):
             out[i] = y
     return out

@@ -10,7 +10,8 @@ batch, locally. Checks, in order:
    logs averaged over ranks; warmup learning rates follow Goyal et al.
 2. DistributedGradientTape, GradientHooks (both in tf.function), DistributedOptimizer.apply
    (eager; also Adam) and model.fit with DistributedOptimizer(hooks=...): each matches the
-   reference, and the paths agree with each other.
+   reference, and the paths agree with each other. The tape also with a bucket per gradient
+   (tfops.overlap: the graph has the submits' control edges) and with num_groups=1.
 3. Sparse embedding gradients, allgathered and with sparse_as_dense=True.
 4. backward_passes_per_step=2 with averaged aggregation = one step on both micro-batches.
 5. examples/keras_digits.py reaches the single-process test accuracy within 1 point.
@@ -129,6 +130,41 @@ def tape_step(xb, yb):
     tape_opt.apply(grads, tape_model.trainable_variables)
 
 
+# The same tape with every gradient its own bucket (tfops.overlap), and with one grouped call after
+# backprop (num_groups=1): the buckets' submits must come first in the graph's order.
+bucket_model, bucket_opt = mlp(0), keras.optimizers.SGD(0.2)
+one_model, one_opt = mlp(0), keras.optimizers.SGD(0.2)
+
+
+@tf.function
+def bucket_step(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = LOSS(yb, bucket_model(xb, training=True))
+    grads = tfops.DistributedGradientTape(tape).gradient(loss, bucket_model.trainable_variables)
+    bucket_opt.apply(grads, bucket_model.trainable_variables)
+
+
+@tf.function
+def one_call_step(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = LOSS(yb, one_model(xb, training=True))
+    grads = tfops.DistributedGradientTape(tape, num_groups=1).gradient(loss, one_model.trainable_variables)
+    one_opt.apply(grads, one_model.trainable_variables)
+
+
+from tfops import overlap  # noqa: E402
+shapes = [tf.TensorSpec(s, tf.float32) for s in ((300,), (5,), (200, 2), (7,))]
+assert overlap.buckets(shapes, 1000) == [[3, 2], [1, 0]], overlap.buckets(shapes, 1000)   # last first, 1000 B
+assert overlap.buckets(shapes, 1) == [[3], [2], [1], [0]] and overlap.buckets(shapes[:0], 1) == []
+overlap.BUCKET_BYTES, saved_bucket = 1, overlap.BUCKET_BYTES
+try:
+    graph = bucket_step.get_concrete_function(tf.TensorSpec((B, 5)), tf.TensorSpec((B,), tf.int64)).graph
+finally:
+    overlap.BUCKET_BYTES = saved_bucket
+submits = {op for op in graph.get_operations() if op.name.startswith("tfops_grad_submit")}
+waiting = [op for op in graph.get_operations() if op.type != "PyFunc" and submits & set(op.control_inputs)]
+assert len(submits) == 4 and waiting, f"{len(submits)} bucket submits, {len(waiting)} ops ordered after them"
+
 hook_model, hook_opt = mlp(0), keras.optimizers.SGD(0.2)
 hooks = tfops.GradientHooks(hook_model)
 
@@ -145,11 +181,13 @@ def hook_step(xb, yb):
 opt_model, dist_opt = mlp(0), tfops.DistributedOptimizer(keras.optimizers.SGD(0.2))
 for s in range(STEPS):
     tape_step(x_mine[s], y_mine[s])
+    bucket_step(x_mine[s], y_mine[s])
+    one_call_step(x_mine[s], y_mine[s])
     hook_step(x_mine[s], y_mine[s])
     with tf.GradientTape() as tape:                # eager
         loss = LOSS(y_mine[s], opt_model(x_mine[s], training=True))
     dist_opt.apply_gradients(zip(tape.gradient(loss, opt_model.trainable_variables), opt_model.trainable_variables))
-    for m in (tape_model, hook_model, opt_model):
+    for m in (tape_model, bucket_model, one_model, hook_model, opt_model):
         assert_same_on_every_rank([v.numpy() for v in m.trainable_variables], f"step {s}")
 fit_model = mlp(0)                                 # model.fit with the hooks: the optimizer waits for them
 fit_model.compile(optimizer=tfops.DistributedOptimizer(keras.optimizers.SGD(0.2), hooks=tfops.GradientHooks(fit_model)),
@@ -157,7 +195,8 @@ fit_model.compile(optimizer=tfops.DistributedOptimizer(keras.optimizers.SGD(0.2)
 fit_model.fit(x_mine.reshape(-1, 5), y_mine.reshape(-1), batch_size=B, shuffle=False, verbose=0)
 assert_same_on_every_rank([v.numpy() for v in fit_model.trainable_variables], "fit with hooks")
 paths = {name: [v.numpy() for v in m.trainable_variables]
-         for name, m in [("tape", tape_model), ("hooks", hook_model), ("optimizer", opt_model),
+         for name, m in [("tape", tape_model), ("tape, a bucket per gradient", bucket_model),
+                         ("tape, num_groups=1", one_model), ("hooks", hook_model), ("optimizer", opt_model),
                          ("fit+hooks", fit_model)]}
 for name, weights in paths.items():
     assert_close(weights, want_sgd, name)
