@@ -47,6 +47,15 @@ __all__ = ["Reducer", "STALE_CALLS", "EACH"]
 #: array 28-35 (one rhd call on all 97 MiB at once: 14-20 ms).
 EACH = "rhd"
 
+#: A lone array this large (a direct batch of one: tfops' eager ``allreduce`` of one large tensor)
+#: takes the many-call too (``shm`` reads the input where it lies and writes the new result) where
+#: ``auto`` is on and the node has one, not the cold-cache model's pick. -np 2, one launch, best of
+#: 5 blocks (tfops.allreduce, the engine's algorithm forced per variant): 4 MiB shm 1.17 ms, rhd
+#: 1.48, mpi 1.87 (the pick was rhd: 1.45); 16 MiB 4.4, 6.3, 10.7 (pick 5.7); 64 MiB 19.8, 28.1,
+#: 48.5 (pick shm). Not timed per launch as batches are: a lone tensor is seldom called the ~150
+#: times a trial and its recheck take.
+LONE_MANY_BYTES = 1 << 20
+
 #: A batch whose trial has not run in this many tuned batch calls is forgotten (a rare batch, met
 #: once when the tensors split differently, would otherwise keep the tuner busy for good).
 STALE_CALLS = 64
@@ -113,7 +122,8 @@ class Reducer:
     def allreduce_many(self, bufs: list, op: Op, srcs: list) -> str:
         """:meth:`allreduce` of several arrays of one dtype (a direct batch): one call of the
         many-array algorithm where there is one (:attr:`many`: shm on one node), else one call
-        each, chosen per size (a lone array, too: the model's pick for its size, as a blocking call).
+        each, chosen per size (a lone array, too: the model's pick for its size, as a blocking call,
+        except one of :data:`LONE_MANY_BYTES` or more under ``auto``, which takes the many-call).
 
         On one node the many-call is taken even where the cost model ranks another algorithm
         first for the batch's total size: that one would need a call per array (or a copy into a
@@ -127,9 +137,14 @@ class Reducer:
         """
         if op is Op.ADASUM:
             return "+".join(sorted({self.allreduce(b, op, s) for b, s in zip(bufs, srcs)}))
-        name = self.many if len(bufs) > 1 else None      # one array: one call of the model's pick
-        if name is not None and self.tunes:
-            return self._tuned_many(bufs, op, srcs)
+        if len(bufs) > 1:
+            name = self.many
+            if name is not None and self.tunes:
+                return self._tuned_many(bufs, op, srcs)
+        elif self.many is not None and self.algorithm == "auto" and bufs[0].nbytes >= LONE_MANY_BYTES:
+            name = self.many                              # a lone large array: LONE_MANY_BYTES
+        else:
+            name = None                                   # one array: one call of the model's pick
         if name is None:
             name = self.algorithm
             if name == "auto":

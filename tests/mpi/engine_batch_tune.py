@@ -6,7 +6,8 @@ results checked against the float64 reference and, every 25 steps, bitwise acros
 is tuned by its array count, bytes and dtype; the three tensors may meet in one batch or split
 into two, so several batches can be in tuning at once. Once one batch has settled: both ways ran,
 every rank keeps the same way for it, and each later call of that batch runs it. ``--no-tune``
-(run with ALLREDUCE_AUTOTUNE=0): nothing is timed, every batch is one many-call.
+(run with ALLREDUCE_AUTOTUNE=0): nothing is timed, every batch is one many-call. Both: a lone
+large tensor (not in place) is one many-call too, its result exact.
 """
 import hashlib
 import sys
@@ -51,6 +52,13 @@ while steps < (1500 if tune else 40) and (settled_at is None or steps < settled_
     steps += 1
     if settled_at is None and reducer.batch_picks:
         settled_at = steps
+# A lone large tensor (tfops' eager allreduce of one tensor) takes the many-call too, reading its
+# input where it lies (reducer.LONE_MANY_BYTES), tuned or not.
+lone, real_many = [], ar.algorithms.run_many
+ar.algorithms.run_many = lambda name, comm, bufs, *a, **k: (lone.append((name, len(bufs))), real_many(name, comm, bufs, *a, **k))[1]
+got = ar.allreduce_async(xs[0][me], name="lone", op=Op.SUM).wait()
+ar.algorithms.run_many = real_many
+assert got.tobytes() == want[Op.SUM][0] and lone == [(reducer.many, 1)] and reducer.many == "shm", lone
 ar.shutdown()
 picks = world.allgather(dict(reducer.batch_picks))
 if tune:
