@@ -6,6 +6,7 @@
     mpirun -np 2 python examples/synthetic_benchmark.py --mode hooks     # allreduce overlapped with backprop
     mpirun -np 2 python examples/synthetic_benchmark.py --compare-mwms   # + tf.distribute MultiWorkerMirrored
     python examples/synthetic_benchmark.py --scaling 1,2 --compare-mwms  # runs mpirun per np; efficiency table
+    mpirun -np 2 python examples/synthetic_benchmark.py --compare-mwms --bound   # + what the step can reach
 
 The default model is a small CNN on 32x32x3 images (about 0.3 M parameters)
 so a run takes well under a minute on 2 idle CPU cores. ``--compare-mwms``
@@ -16,6 +17,11 @@ With ``ALLREDUCE_TIMELINE=/tmp/tl.json`` rank 0 also reports, from the engine's
 timeline, how many of the last step's allreduces started before backprop
 submitted its last gradient: 0 of 10 with ``--mode tape`` (the reduction waits
 for backprop), 8 of 10 with ``--mode hooks`` on 2 ranks of a 2-core VM.
+``--bound`` times, in the same launch, the step's compute alone, its forward
+pass alone and the allreduce of one step's gradients alone (with its CPU time),
+and prints the fastest step they allow: max(compute, forward + exchange) where
+communication has a core of its own, max(compute + the exchange's CPU time,
+forward + exchange) where it shares the rank's one core (the cluster's hosts).
 ``--scaling`` launches one mpirun per world size and reports scaling
 efficiency = img/s at np / (np * img/s at np=1). On one machine the ranks
 share its cores, so efficiency there measures overhead, not speed-up.
@@ -50,6 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--local-baseline", action="store_true",
                         help="also time the same step with no gradient exchange at all: every rank trains "
                              "alone, so its efficiency is this machine's ceiling for any data-parallel library")
+    parser.add_argument("--bound", action="store_true",
+                        help="also time, in this launch, the step's compute alone (as --local-baseline) and the "
+                             "allreduce of one step's gradients alone (the engine, same compression), and print "
+                             "what they allow: the step can take no less than the longer of the two")
     parser.add_argument("--barrier-baseline", action="store_true",
                         help="also time the same step with a barrier where the gradient exchange goes (one "
                              "numpy_function over the gradients that only waits for every rank): what any "
@@ -177,7 +187,7 @@ def run(args) -> dict:
         say(f"Elastic: a commit every {args.commit_every} steps ({ar.communicator().config.elastic and 'under' or 'without'} --elastic)")
     result = {"np": size, "rank": rank, "tfops": summarize(time_steps(timed, args, say), size, "tfops", say)}
 
-    if args.local_baseline:
+    if args.local_baseline or args.bound:
         local_opt = keras.optimizers.SGD(0.01)
         local_opt.build(model.trainable_variables)
 
@@ -225,11 +235,66 @@ def run(args) -> dict:
 
         say("MultiWorkerMirroredStrategy, same model and per-rank batch:")
         result["mwms"] = summarize(time_steps(mw_step, args, say), size, "MWMS", say)
+    if args.bound and size > 1:
+        @tf.function
+        def forward():
+            return loss_fn(target, model(data, training=True))
+
+        say("The forward pass alone (loss only), same model and per-rank batch:")
+        result["forward"] = summarize(time_steps(forward, args, say), size, "forward", say)
+        result["bound"] = exchange_bound(args, model, compression, result, say)
     timeline = ar.communicator().config.timeline
     ar.shutdown()                                  # closes the timeline file
     if timeline and rank == 0:
         say(overlap_report(timeline, f"{args.mode}.grad."))
     return result
+
+
+def exchange_bound(args, model, compression, result: dict, say) -> dict:
+    """The allreduce of one step's gradients alone (through the engine, as the tape's buckets go,
+    same compression), timed in this launch, against the step's compute alone (``result["local"]``)
+    and its forward pass alone (``result["forward"]``). A synchronous data-parallel step takes at
+    least its compute, and at least the forward pass plus the exchange: no gradient exists before
+    the forward pass ends (the best case hides all of backprop behind the exchange). With none of
+    it overlapped, the step is compute plus exchange. Returns the figures; prints them, and where
+    MWMS ran, the ratio to it that the best step would reach."""
+    import allreduce as ar
+    import numpy as np
+    grads = [np.full(v.shape, 0.5, np.float32) for v in model.trainable_variables]
+    nbytes = sum(g.nbytes for g in grads)
+    for _ in range(args.num_warmup_batches):
+        ar.grouped_allreduce(grads, name="bound.grads", compression=compression)
+    times, cpu = [], []
+    for _ in range(args.num_iters):
+        ar.barrier()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in range(args.num_batches_per_iter):
+            ar.grouped_allreduce(grads, name="bound.grads", compression=compression)
+        times.append((time.perf_counter() - start) / args.num_batches_per_iter)
+        cpu.append((time.process_time() - start_cpu) / args.num_batches_per_iter)
+    slowest = ar.allgather_object((float(np.median(times)), float(np.median(cpu))))
+    exchange, exchange_cpu = max(t for t, _ in slowest), max(c for _, c in slowest)
+    compute = args.batch_size / result["local"]["per_rank"]
+    forward = args.batch_size / result["forward"]["per_rank"]
+    best = args.batch_size / max(compute, forward + exchange)
+    best_here = args.batch_size / max(compute + exchange_cpu, forward + exchange)
+    serial = args.batch_size / (exchange + compute)
+    bound = {"compute_ms": compute * 1e3, "forward_ms": forward * 1e3, "exchange_ms": exchange * 1e3,
+             "exchange_cpu_ms": exchange_cpu * 1e3, "gradient_bytes": nbytes, "best_per_rank": best,
+             "best_per_rank_here": best_here, "serial_per_rank": serial}
+    say(f"Bound: compute alone {compute * 1e3:.2f} ms a step, its forward pass {forward * 1e3:.2f} ms; the allreduce "
+        f"of one step's gradients alone ({nbytes / 1e6:.2f} MB{', fp16 on the wire' if args.fp16_allreduce else ''}) "
+        f"{exchange * 1e3:.2f} ms, {exchange_cpu * 1e3:.2f} ms of it CPU time. A step takes at least max(compute, "
+        f"forward + exchange): at best {best:.1f} img/sec per rank, where communication has a core of its own; "
+        f"{best_here:.1f} where it shares the rank's one core with TensorFlow (the exchange's CPU time adds to the "
+        f"compute), {serial:.1f} with nothing overlapped; tfops ran {result['tfops']['per_rank']:.1f}")
+    if "mwms" in result:
+        mwms = result["mwms"]["per_rank"]
+        bound["best_over_mwms"], bound["best_here_over_mwms"] = best / mwms, best_here / mwms
+        say(f"Bound: MultiWorkerMirroredStrategy ran {mwms:.1f} img/sec per rank, so the best tfops step would be "
+            f"{best / mwms:.2f}x it with a core for communication, {best_here / mwms:.2f}x on one core; tfops ran "
+            f"{result['tfops']['per_rank'] / mwms:.2f}x")
+    return bound
 
 
 def overlap_report(path: str, prefix: str) -> str:

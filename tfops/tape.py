@@ -7,12 +7,13 @@
     tape = tfops.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)   # reduced over all ranks
 
-Backprop runs first, then the gradients are reduced as :mod:`tfops.grad_reduce`
-describes (one grouped call per group; sparse ones allgathered; sources
-registered with :meth:`register_local_source` stay local, divided by
+The gradients are reduced as :mod:`tfops.grad_reduce` describes (one grouped
+call per group; by default, inside ``tf.function``, buckets in backprop order
+that start while backprop runs, :mod:`tfops.overlap`; sparse ones allgathered;
+sources registered with :meth:`register_local_source` stay local, divided by
 ``size()``). :func:`PartialDistributedGradientTape` registers the trainable
-variables of some Keras layers as local. For communication that overlaps
-backprop, see :mod:`tfops.hooks`.
+variables of some Keras layers as local. For a submit per variable, as
+backprop reaches it, see :mod:`tfops.hooks`.
 """
 from __future__ import annotations
 
