@@ -29,6 +29,7 @@ ALLREDUCE_CUDA_AWARE_MPI           cuda_aware_mpi                auto (1 / 0 for
 ALLREDUCE_ELASTIC                  elastic                       0 (allreduce-run --elastic sets 1)
 ALLREDUCE_ELASTIC_MIN_NP           elastic_min_np                1 (--min-np)
 ALLREDUCE_ELASTIC_MAX_NP           elastic_max_np                0 (--max-np: regrow up to it; 0: no regrow)
+ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT elastic_recovery_timeout      120.0 (seconds per recovery step; 0: no bound)
 =================================  ============================  ===========
 
 The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
@@ -62,6 +63,14 @@ The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
   more than this many seconds of work between its submits, passes through
   it legitimately: raise this setting or set 0 (then only
   ``stall_shutdown_time`` ends a stall).
+* ``elastic_recovery_timeout``: under ``allreduce-run --elastic``, the longest
+  one step of a recovery or a regrow (revoke, shrink, the rebuild, spawn,
+  merge) may block inside MPI. Past it the job aborts, naming the step
+  (``allreduce/elastic/watchdog.py``; a regrow's spawn or merge is revoked
+  first and the job goes on at its size). Shrink takes well under a second;
+  a spawn waits for the replacements' start-up and imports (10-20 s with
+  TensorFlow on a loaded 2-core machine), so raise it if your script does
+  much before ``ar.init()``.
 * ``timeline``: write a Chrome-trace JSON timeline; rank 0 writes this path,
   rank r writes ``<stem>.rank<r><suffix>`` next to it.
 """
@@ -113,6 +122,7 @@ class Config:
     elastic: bool = False            #: ULFM job: waits notice dead peers (allreduce/elastic/)
     elastic_min_np: int = 1          #: below this many ranks an elastic job stops
     elastic_max_np: int = 0          #: an elastic job regrows up to this many ranks (0: no regrow)
+    elastic_recovery_timeout: float = 120.0  #: seconds one recovery/regrow step may block in MPI (0: no bound)
 
     _ENV = {
         "algorithm": "ALLREDUCE_ALGORITHM",
@@ -138,6 +148,7 @@ class Config:
         "elastic": "ALLREDUCE_ELASTIC",
         "elastic_min_np": "ALLREDUCE_ELASTIC_MIN_NP",
         "elastic_max_np": "ALLREDUCE_ELASTIC_MAX_NP",
+        "elastic_recovery_timeout": "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT",
     }
 
     def __post_init__(self):
@@ -154,7 +165,7 @@ class Config:
         if not self.cycle_time > 0:
             raise ValueError(f"cycle_time must be positive milliseconds, got {self.cycle_time}")
         for name in ("fusion_threshold", "cache_capacity", "stall_check_time", "stall_shutdown_time",
-                     "out_of_step_time"):
+                     "out_of_step_time", "elastic_recovery_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

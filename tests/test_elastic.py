@@ -44,10 +44,26 @@ def _replay(sizes):
     return module.replay(sizes)
 
 
-def launch_job(np_: int, kills: str, *extra: str, script: str = "elastic_train.py", env: dict | None = None,
-               timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+STEP_BOUND = "30"       # ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT here: a rank stuck in a recovery step fails in 30 s
+
+
+def launch_job(np_: int, kills: str, *extra: str, retry_if_stuck: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """One launch; with ``retry_if_stuck``, ONE more launch when, and only when, the first was
+    aborted by the elastic watchdog's "stuck inside Open MPI" (Open MPI's ULFM + tcp deadlock,
+    allreduce/elastic/watchdog.py; 2 in 25 runs of one case before native.py's eager pieces,
+    0 in 50 after). Any other failure, or a second stuck launch, fails the test."""
+    result = _launch(np_, kills, *extra, **kwargs)
+    if retry_if_stuck and result.returncode != 0 and "stuck inside Open MPI" in result.stderr:
+        stuck = [line for line in result.stderr.splitlines() if "stuck inside Open MPI" in line]
+        print(f"RETRY (once): the first launch was stuck inside Open MPI: {stuck[:2]}")
+        result = _launch(np_, kills, *extra, **kwargs)
+    return result
+
+
+def _launch(np_: int, kills: str, *extra: str, script: str = "elastic_train.py", env: dict | None = None,
+            timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     full = mpi_env()
-    full.update(ELASTIC_KILLS=kills, **(env or {}))
+    full.update({"ELASTIC_KILLS": kills, "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": STEP_BOUND, **(env or {})})
     cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), *extra,
            sys.executable, str(MPI_SCRIPTS / script)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
@@ -91,7 +107,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_survivors_restore_the_last_commit_and_finish(case):
     np_, max_np, kills, survivors, changes = CASES[case]
-    result = launch_job(np_, kills, *(("--max-np", str(max_np)) if max_np else ()))
+    result = launch_job(np_, kills, *(("--max-np", str(max_np)) if max_np else ()), retry_if_stuck=True)
     text = result.stdout + result.stderr
     assert result.returncode == 0, f"launcher exited {result.returncode}\n{text[-5000:]}"
     finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=(\[[\d, ]*\])$", result.stdout, re.M)
@@ -140,6 +156,63 @@ def test_a_failed_spawn_is_said_and_the_job_goes_on_at_its_size():
     assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][1:3]
 
 
+def _finals(stdout: str) -> list[tuple[str, ...]]:
+    return re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", stdout, re.M)
+
+
+def test_a_parent_killed_in_mpi_comm_spawn_is_a_death_and_the_world_still_grows_back():
+    # -np 3 --max-np 3: rank 2 dies at step 1; at the commit of step 3 the parents spawn, and rank 1
+    # dies 0.2 s into MPI_Comm_spawn. Rank 0 shrinks to 1 and grows back to 3 at the next commit;
+    # the process started by the broken spawn (stuck in MPI_Init) ends at the step bound.
+    result = launch_job(3, "2@1:compute,1@3:spawn", "--max-np", "3",
+                        env={"ELASTIC_STEPS": "9", "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "8"})
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-5000:]
+    summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
+    assert summary and "finished with 3 of 3 ranks; rank(s) 2 died at" in summary[-1], text[-4000:]
+    assert "rank(s) 1 died at" in summary[-1] and "rank(s) 4, 5 joined at" in summary[-1], summary[-1]
+    finals = _finals(result.stdout)
+    assert sorted(int(f[0]) for f in finals) == [0, 4, 5] and len({f[1:] for f in finals}) == 1, text[-4000:]
+    sizes = [int(n) for n in finals[0][4].split(",")]
+    assert sizes[:3] == [2, 2, 2] and 1 in sizes and sizes[-1] == 3, sizes    # 2, then 1, then 3 ranks
+    w, v = _replay(sizes)
+    assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4]
+
+
+def test_a_replacement_that_dies_before_its_merge_is_a_failed_spawn(tmp_path):
+    # -np 2 --max-np 3 grows at its first commit; the replacement SIGKILLs itself before it merges.
+    # Open MPI never tells parents waiting in the merge: they wait for its "ready" with a deadline.
+    result = launch_job(2, "", "--max-np", "3", env={"ELASTIC_STEPS": "6", "ELASTIC_JOIN_DIE": str(tmp_path / "died"),
+                                                     "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "4"})
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-5000:]
+    assert "KILL join before merge" in result.stdout, text[-3000:]
+    said = re.findall(r"allreduce-elastic: could not spawn 1 replacement\(s\) \(a replacement was not ready "
+                      r"to join within 4 s", result.stderr)
+    assert len(said) == 1, text[-4000:]
+    assert "finished with 2 of 2 ranks; no rank died; spawning 1 replacement(s) failed" in result.stderr
+    finals = _finals(result.stdout)
+    assert sorted(int(f[0]) for f in finals) == [0, 1] and len({f[1:] for f in finals}) == 1, text[-4000:]
+    w, v = _replay([2] * 6)
+    assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4]
+
+
+def test_a_rank_stuck_inside_mpi_in_a_recovery_step_aborts_the_job_naming_the_step():
+    # rank 1 dies; rank 2 then blocks inside MPI as it enters MPI_Comm_shrink (a receive nobody
+    # sends: what Open MPI's ULFM + tcp deadlock looks like). The watchdog's bound (2 s) ends the job.
+    result = launch_job(3, "1@1:compute", env={"ELASTIC_STEPS": "6", "ELASTIC_STUCK": "2:MPI_Comm_shrink",
+                                               "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "2"}, timeout=90)
+    text = result.stdout + result.stderr
+    assert result.returncode == launch.STUCK_EXIT, f"launcher exited {result.returncode}\n{text[-4000:]}"
+    assert "STUCK 2 in MPI_Comm_shrink" in result.stdout, text[-3000:]
+    assert re.search(r"allreduce-elastic: rank \d \(name 2\) stuck inside Open MPI in MPI_Comm_shrink for \d+ s "
+                     r"\(Open MPI's ULFM over tcp can deadlock", result.stderr), text[-4000:]
+    summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
+    assert summary and "allreduce-run: elastic job aborted: stuck inside Open MPI: rank" in summary[-1], summary
+    assert "(name 2) in MPI_Comm_shrink for" in summary[-1], summary[-1]   # rank 0 waits there for it too
+    assert "FINAL" not in result.stdout
+
+
 def test_below_min_np_every_survivor_stops_naming_the_dead_and_the_commit():
     result = launch_job(3, "1@4:ring", "--min-np", "3")
     assert result.returncode != 0
@@ -180,6 +253,12 @@ def test_launcher_flags_and_summary():
     assert summary.report(0)[0].endswith("rank(s) 2 died at 09:17:56.956 UTC; rank(s) 4 joined at 09:18:01.5 UTC")
     summary.feed("allreduce-elastic: below --min-np 3: ...")
     assert summary.report(0)[1] == launch.BELOW_MIN_EXIT
+    stuck = launch.Summary(3)
+    stuck.feed("allreduce-elastic: rank 1 (name 2) stuck inside Open MPI in MPI_Comm_shrink for 30 s (...)")
+    text, code = stuck.report(137)
+    assert code == 137 and text.startswith("allreduce-run: elastic job aborted: stuck inside Open MPI: "
+                                           "rank 1 (name 2) in MPI_Comm_shrink for 30 s"), text
+    assert stuck.report(0)[1] == launch.STUCK_EXIT
 
 
 @pytest.mark.slow

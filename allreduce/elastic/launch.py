@@ -20,16 +20,18 @@ may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2`` and ``ALLREDUCE_SHM_P2P=1``:
   peer themselves (:mod:`allreduce.transport.liveness`).
 
 The ranks write ``allreduce-elastic:`` lines to stderr (:mod:`.recovery`,
-:mod:`.regrow`); the launcher relays them and ends with one summary line: which
+:mod:`.regrow`, :mod:`.watchdog`); the launcher relays them and ends with one summary line: which
 ranks died, when, which joined, and the size the job finished at. It exits 0 when the job finished, even
-though ranks died on the way, and non-zero when it fell below ``--min-np``.
+though ranks died on the way, and non-zero when it fell below ``--min-np`` (3) or a rank was stuck
+inside Open MPI past ``elastic_recovery_timeout`` (4, naming the rank and the step).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "MARK", "BELOW_MIN_EXIT"]
+__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "MARK", "BELOW_MIN_EXIT",
+           "STUCK_EXIT"]
 
 MARK = "allreduce-elastic:"       #: the prefix of the lines the ranks write and the launcher reads
 BELOW_MIN_EXIT = 3                #: exit status of every survivor when the job falls below --min-np
@@ -39,6 +41,8 @@ _JOINED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) joined \(spawned a
 _NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
 _BELOW = re.compile(re.escape(MARK) + r" below --min-np")
+_STUCK = re.compile(re.escape(MARK) + r" (.+?) stuck inside Open MPI in (.+?) for (\d+) s")
+STUCK_EXIT = 4                    #: exit status of a job the elastic watchdog aborted (watchdog.py)
 
 
 @dataclass
@@ -104,6 +108,7 @@ class Summary:
     events: list[str] = field(default_factory=list)               # both, in the order they came
     finished: int | None = None
     below: bool = False
+    stuck: list[str] = field(default_factory=list)                # "who in step for N s", watchdog.py
 
     def feed(self, line: str) -> None:
         if MARK not in line:
@@ -120,10 +125,16 @@ class Summary:
             self.finished = int(m.group(1))
         elif _BELOW.search(line):
             self.below = True
+        elif (m := _STUCK.search(line)) is not None:
+            self.stuck.append(f"{m.group(1)} in {m.group(2)} for {m.group(3)} s")
 
     def report(self, code: int) -> tuple[str, int]:
         """The launcher's last line and its exit status, given mpirun's."""
         died = "; ".join(self.events) if self.deaths else "; ".join(["no rank died", *self.events])
+        if self.stuck:
+            return (f"allreduce-run: elastic job aborted: stuck inside Open MPI: {'; '.join(self.stuck)} "
+                    f"(ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT bounds each recovery step; docs/11); {died}",
+                    code or STUCK_EXIT)
         if self.below:
             return (f"allreduce-run: elastic job stopped below --min-np: {died}", code or BELOW_MIN_EXIT)
         if self.finished is not None:

@@ -25,7 +25,9 @@ Detection is the transport's (:mod:`allreduce.transport.liveness`): every wait
 of the library raises ``PeerLostError`` within ~10 ms of MPI learning of the
 death. A second death during recovery (in shrink, in the rebuild) starts the
 recovery again from step 2. Below ``--min-np`` every survivor stops with exit
-status 3, naming the dead ranks and the last commit.
+status 3, naming the dead ranks and the last commit. A survivor stuck in one
+step (inside MPI) for longer than ``elastic_recovery_timeout`` aborts the job,
+naming the step (:mod:`.watchdog`: Open MPI's ULFM over tcp can deadlock).
 
 The new rank 0 writes one ``allreduce-elastic:`` line per recovery to stderr
 (which ranks died, when, the new size); ``allreduce-run --elastic`` collects
@@ -46,7 +48,7 @@ from .. import api, faults
 from ..errors import AllreduceError, HostsUpdatedInterrupt
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.liveness import is_peer_failure
-from . import world
+from . import watchdog, world
 from .launch import BELOW_MIN_EXIT, MARK
 from .state import State
 
@@ -121,16 +123,22 @@ def _elastic() -> bool:
 
 
 def recover(state: State, caught: float) -> None:
-    """Steps 2 and 3 of the module doc: revoke, shrink, rebuild (again if another rank dies)."""
+    """Steps 2 and 3 of the module doc: revoke, shrink, rebuild (again if another rank dies).
+    Each step is bounded by ``elastic_recovery_timeout`` (:mod:`.watchdog`)."""
     remember_settings()
     settings = _settings
     last_recovery.clear()
     last_recovery["caught"] = caught
     while True:
         old = world.base()
-        _revoke(old)
-        _quiet_shutdown()
-        new = old.Shrink()
+        bounded = functools.partial(watchdog.step, timeout=settings.get("elastic_recovery_timeout", 0.0),
+                                    who=f"rank {old.Get_rank()} (name {world.name()})", comm=old)
+        with bounded("MPI_Comm_revoke"):
+            _revoke(old)
+        with bounded("the library's shutdown (its engine thread)"):
+            _quiet_shutdown()
+        with bounded("MPI_Comm_shrink"):
+            new = old.Shrink()
         last_recovery["shrunk"] = time.time()
         group, old_group = new.Get_group(), old.Get_group()
         kept = MPI.Group.Translate_ranks(group, list(range(new.Get_size())), old_group)
@@ -144,8 +152,9 @@ def recover(state: State, caught: float) -> None:
             _stop(dead, new.Get_size(), settings["elastic_min_np"], state)
         try:
             faults.uninstall()               # it names the rank and size: installed again by init
-            api.init(comm=new, **settings)
-            world.rebuilt()
+            with bounded("the rebuild (ar.init on the shrunk world)"):
+                api.init(comm=new, **settings)
+                world.rebuilt()
         except BaseException as exc:  # noqa: BLE001
             if not is_peer_failure(exc):
                 raise

@@ -28,8 +28,32 @@ from ..config import OPEN_MPI_DEFAULTS
 for _name, _value in OPEN_MPI_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
+
+
+def _bound_mpi_init() -> bool:
+    """Under --elastic, end this process if MPI_Init (mpi4py's import) takes longer than
+    ``elastic_recovery_timeout``: a replacement whose parent died inside MPI_Comm_spawn waits
+    there for good (Open MPI 5.0.11: in ompi_dpm_connect_accept), and mpirun waits for it. A C
+    thread (faulthandler) does it: MPI_Init may hold the GIL. It prints this stack and exits 1."""
+    import faulthandler
+    from ..config import Config
+    try:
+        config = Config.from_env()
+    except (TypeError, ValueError):
+        return False                 # init() will say what is wrong with the settings
+    if not (config.elastic and config.elastic_recovery_timeout > 0):
+        return False
+    faulthandler.dump_traceback_later(config.elastic_recovery_timeout, exit=True)
+    return True
+
+
+_INIT_BOUNDED = _bound_mpi_init()
 import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402  (after the settings above, which MPI_Init reads)
+from mpi4py import MPI  # noqa: E402  (after the settings above, which MPI_Init reads; stuck here past
+#                        elastic_recovery_timeout: a replacement whose spawn failed, see above)
+if _INIT_BOUNDED:
+    import faulthandler
+    faulthandler.cancel_dump_traceback_later()
 
 from ..errors import TransportTimeoutError
 from .base import Transport

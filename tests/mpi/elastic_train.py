@@ -17,6 +17,14 @@ SIGKILLs itself at that step, in that phase:
 * ``sync``: inside ``state.sync()``: step ``-1`` the first one after a recovery
   (shrink), step ``-2`` the first one after a regrow (where the replacements get
   the state; a replacement named here dies in its very first sync).
+* ``spawn``: 0.2 s after the commit at that step, while the parents wait in
+  ``MPI_Comm_spawn`` for a replacement (only at a commit that regrows).
+
+``ELASTIC_JOIN_DIE=<path>``: the first replacement (the one that finds no file
+at ``path`` and makes it) SIGKILLs itself before it merges with its parents.
+``ELASTIC_STUCK=<name>:<step>``: that process blocks forever inside MPI (a
+receive nobody sends) when it enters that recovery step (``MPI_Comm_shrink``;
+:mod:`allreduce.elastic.watchdog`), as Open MPI's ULFM deadlock would.
 
 Under ``--max-np`` the world grows back at the commit after a death
 (:mod:`allreduce.elastic.regrow`): replacements run this script too, named
@@ -41,7 +49,8 @@ import numpy as np
 
 import allreduce as ar
 from allreduce import elastic
-from allreduce.elastic import world
+from allreduce.elastic import watchdog, world
+from allreduce.transport.mpi import MPI
 
 N, LR, MU = 64, 2.0 ** -6, 0.5
 ALGORITHMS = ("ring", "tree", "rhd", "rd", "mpi", "shm", "auto")
@@ -96,6 +105,9 @@ def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
 
 class TrainState(elastic.ObjectState):
     def save(self):
+        if KILLS.get((ME, self.step)) == "spawn":      # the parents spawn right after this commit
+            print(f"KILL {ME} step {self.step} spawn at {time.time():.6f}", flush=True)
+            die_soon(0.2)
         if KILLS.get((ME, self.step)) == "commit":     # half the attributes copied, then death
             self._saved_state["w"] = self.w.copy()
             maybe_die(self.step, "commit", mid_call=False)
@@ -109,10 +121,31 @@ class TrainState(elastic.ObjectState):
         super().sync()
 
 
+def _join_or_die() -> None:
+    path = os.environ.get("ELASTIC_JOIN_DIE")
+    if path and MPI.Comm.Get_parent() != MPI.COMM_NULL:
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return                                       # a later replacement: it joins
+        print(f"KILL join before merge at {time.time():.6f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stuck_in(step: str) -> None:
+    """Block this process inside MPI when it enters ``step`` (ELASTIC_STUCK)."""
+    name, _, what = os.environ.get("ELASTIC_STUCK", ":").partition(":")
+    if name and int(name) == ME and step == what:
+        print(f"STUCK {ME} in {step} at {time.time():.6f}", flush=True)
+        MPI.COMM_SELF.Dup().Recv(bytearray(1), source=0, tag=99)     # nobody sends it
+
+
 def main() -> None:
     global ME
+    _join_or_die()
     ar.init()
     ME = world.name()
+    watchdog.test_hook = _stuck_in
     steps = int(os.environ.get("ELASTIC_STEPS", "24"))
     every = int(os.environ.get("ELASTIC_COMMIT_EVERY", "3"))
     state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[])
