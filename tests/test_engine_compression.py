@@ -65,6 +65,28 @@ def test_overflow_fails_that_tensor_on_every_rank_and_the_rest_of_the_batch_goes
     assert len(set(messages)) == 1 and "'big'" in messages[0] and "rank(s) 1 " in messages[0]
 
 
+def test_overflow_is_agreed_after_a_sum_and_before_a_min_which_could_hide_it():
+    """Sum agrees on overflow flags after the reduction (an inf anywhere shows in the sum), Min
+    before it: rank 0's 1.0 would hide rank 1's overflowed -inf in the minimum. Both fail on
+    every rank naming rank 1, in place too (the input is left as it was), and the batch's other
+    tensor is exact."""
+    for op, value, when in ((Op.SUM, 1e6, "dropped on every rank"), (Op.MIN, -1e6, "nothing was sent")):
+        big = [np.ones(6, np.float32), np.ones(6, np.float32)]
+        big[1][2] = value
+        keep = [b.copy() for b in big]
+        with engines(2) as engs:
+            handles = {"big": [e.submit(b, name="big", op=op, compression=Compression.fp16, inplace=True)
+                               for e, b in zip(engs, big)],
+                       "fine": [e.submit(np.full(3, r + 2.0, np.float32), name="fine", op=op,
+                                                  compression=Compression.fp16) for r, e in enumerate(engs)]}
+            for h in handles["big"]:
+                with pytest.raises(CompressionError, match=f"rank\\(s\\) 1 .*{when}"):
+                    h.wait(20)
+            fine = [h.wait(20).tolist() for h in handles["fine"]]
+        assert fine == [[5.0] * 3] * 2 if op == Op.SUM else fine == [[2.0] * 3] * 2
+        assert all(np.array_equal(b, k) for b, k in zip(big, keep))
+
+
 def test_sum_that_overflows_on_the_wire_is_an_error_but_nan_inputs_pass():
     inputs = {"sum": [np.full(4, 40000.0, np.float32)] * 2,
               "nan": [np.array([np.nan, 1.0], np.float32), np.array([1.0, 1.0], np.float32)]}
@@ -149,6 +171,34 @@ def test_fast_float32_encode_and_decode_match_the_exact_path(name, scale):
     assert c.decode_into(got, fast, 1.0) == _decode_checked(ref, fast, 1.0, f.table)
     assert np.array_equal(np.isnan(got), np.isnan(ref))
     assert np.array_equal(got[~np.isnan(got)], ref[~np.isnan(ref)])
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_vectorised_cast_when_every_value_is_finite_matches_numpy_and_counts_nothing(name):
+    """All-finite float32 takes the one-pass cast that only ORs an inf/NaN flag (no second pass):
+    its bits must be numpy's / ml_dtypes' rounding of x * scale, counts (0, 0), decoded exactly.
+    Values that round up to inf, a NaN whose payload would carry into bfloat16's sign, and sizes
+    off any vector width must leave that path and still match the exact one."""
+    from allreduce.engine.compression import _encode_checked
+    c = getattr(Compression, name)
+    f, rng = c.fmt, np.random.default_rng(5)
+    for n in (0, 1, 7, 33, 10_001):
+        x = (rng.standard_normal(n) * rng.choice([1e-7, 1.0, 1e3], n)).astype(np.float32)
+        for scale in (1.0, 0.25):
+            bits = np.full(n, 0xABCD, np.uint16)
+            assert c.encode_into(bits, x, scale) == (0, 0)
+            want = (x * np.float32(scale)).astype(f.dtype)
+            assert np.array_equal(bits, want.view(np.uint16)), (n, scale)
+            back = np.empty(n, np.float32)
+            assert c.decode_into(back, bits, 1.0) == 0
+            assert np.array_equal(back, want.astype(np.float32))
+    edge = np.array([1.0, 65520.0, -7e4, 3.4e38, 2.0], np.float32)      # fp16 rounds the middle to inf
+    edge = np.concatenate([edge, np.array([0xFFFF8001, 0x7FFFFFFF], np.uint32).view(np.float32)])
+    fast, exact = np.empty(edge.size, np.uint16), np.empty(edge.size, np.uint16)
+    got = c.encode_into(fast, edge, 1.0)
+    want = _encode_checked(exact, edge, 1.0, f.mant_bits, f.bias, f.overflow, f.nan_bits)
+    assert np.array_equal(fast, exact) and got == tuple(int(v) for v in want) and got[1] == 2
+    assert c.decode_into(np.empty(edge.size, np.float32), fast, 1.0) == c.count_nonfinite(fast) > 0
 
 
 def test_in_place_sum_that_overflows_on_the_wire_leaves_the_input_and_a_fine_one_is_decoded_in_place():

@@ -143,15 +143,60 @@ def _encode_f32_fast(dst_bits, src, scale, f16, nan_bits):
     return bad, nonfinite
 
 
+# The any-kernels: the cast and a branch-free OR of "inf or NaN", one loop per format, nothing
+# else in it, so LLVM vectorises it. fp16: 16 MiB of float32 took 0.9-1.1 ms against 2.6-14 ms for
+# the counting loop (_encode_f32_fast) on the loaded 2-core VM (by hand), the bare cast 0.85 ms; a
+# loop that also tested the format, made NaNs canonical or counted did not vectorise. A call with
+# an inf or NaN in it (rare) pays a second, exact pass for the counts and the canonical NaNs.
+
+
 @njit(nogil=True, cache=True)
-def _decode_f32_fast(dst, src_bits, f16):
-    """16-bit bits -> float32 with the CPU's conversion (or bfloat16's shift); count inf/NaN results."""
-    nonfinite = 0
+def _encode_f16_any(dst_bits, src, scale):
+    """float32 ``src * scale`` -> float16 bits (F16C's vcvtps2ph); return nonzero if some result
+    is inf/NaN. Then the caller redoes the pass with :func:`_encode_f32_fast`, which also makes
+    NaNs canonical and counts; where this returns 0 there is no NaN to make canonical, and no
+    input was inf/NaN either (those stay inf/NaN), so the counts are (0, 0)."""
+    seen = np.uint32(0)
+    for i in range(src.size):
+        b = np.uint32(half._f32_to_f16(src[i] * scale))
+        dst_bits[i] = b
+        seen |= np.uint32((b & 0x7FFF) >= 0x7C00)
+    return seen
+
+
+@njit(nogil=True, cache=True)
+def _encode_bf16_any(dst_bits, src, scale, nan_bits):
+    """:func:`_encode_f16_any` for bfloat16 (:func:`~allreduce.kernels.half._bf16_of`'s rounding,
+    which makes NaNs canonical itself)."""
+    seen = np.uint32(0)
+    for i in range(src.size):
+        b = np.uint32(half._bf16_of(src[i] * scale, nan_bits))
+        dst_bits[i] = b
+        seen |= np.uint32((b & 0x7FFF) >= 0x7F80)
+    return seen
+
+
+@njit(nogil=True, cache=True)
+def _decode_f16_any(dst, src_bits):
+    """float16 bits -> float32 (F16C); return nonzero if some value is inf/NaN (the count, where
+    one is needed, is :meth:`HalfCompressor.count_nonfinite`'s second pass)."""
+    seen = np.uint32(0)
     for i in range(src_bits.size):
-        v = half._f16_to_f32(src_bits[i]) if f16 else half._f32_of_bf16(src_bits[i])
-        dst[i] = v
-        nonfinite += np.int64(v - v != 0.0)
-    return nonfinite
+        b = src_bits[i]
+        dst[i] = half._f16_to_f32(b)
+        seen |= np.uint32((b & 0x7FFF) >= 0x7C00)
+    return seen
+
+
+@njit(nogil=True, cache=True)
+def _decode_bf16_any(dst, src_bits):
+    """:func:`_decode_f16_any` for bfloat16 (a shift)."""
+    seen = np.uint32(0)
+    for i in range(src_bits.size):
+        b = src_bits[i]
+        dst[i] = half._f32_of_bf16(b)
+        seen |= np.uint32((b & 0x7FFF) >= 0x7F80)
+    return seen
 
 
 @njit(nogil=True, cache=True)
@@ -218,6 +263,11 @@ class HalfCompressor(Compressor):
         """
         f = self.fmt
         if residual is None and src.dtype == np.float32 and _power_of_two(scale) and f.bias in (15, 127):
+            scale32 = np.float32(scale)
+            seen = _encode_f16_any(dst_bits, src, scale32) if f.bias == 15 else \
+                _encode_bf16_any(dst_bits, src, scale32, f.nan_bits)
+            if not seen:
+                return 0, 0                                  # every value finite: nothing to count
             bad, nonfinite = _encode_f32_fast(dst_bits, src, np.float32(scale), f.bias == 15, f.nan_bits)
         elif residual is None:
             bad, nonfinite = _encode_checked(dst_bits, src, scale, f.mant_bits, f.bias, f.overflow, f.nan_bits)
@@ -234,7 +284,9 @@ class HalfCompressor(Compressor):
     def decode_into(self, dst: np.ndarray, src_bits: np.ndarray, scale: float) -> int:
         """``dst = float(src_bits) * scale`` in one pass; return how many results are inf/NaN."""
         if scale == 1.0 and dst.dtype == np.float32 and self.fmt.bias in (15, 127):
-            return int(_decode_f32_fast(dst, src_bits.view(np.uint16), self.fmt.bias == 15))
+            bits = src_bits.view(np.uint16)
+            seen = (_decode_f16_any if self.fmt.bias == 15 else _decode_bf16_any)(dst, bits)
+            return self.count_nonfinite(bits) if seen else 0
         return int(_decode_checked(dst, src_bits.view(np.uint16), scale, self.fmt.table))
 
 

@@ -14,13 +14,19 @@ a hundred small gradients fused pay them once instead of a hundred times.
 Compression is fused with packing: the fp16/bf16 cast writes straight into
 the buffer (one pass, no temporary), pre-scaled by 1/p for Average so the
 fp16 sum cannot overflow where the average would not; the buffer is then
-reduced with Sum. Before sending, the ranks agree (one tiny allreduce of
-per-tensor rank bits) on which tensors overflowed anywhere: those fail
-with ``CompressionError`` on every rank and their part of the buffer is
-zeroed; the rest of the batch goes ahead. The same exchange says whether
-any rank's input held inf/NaN, so a non-finite *result* from finite inputs
-(a Sum that overflowed fp16 on the wire) also fails with CompressionError,
-decided from data that is identical on every rank.
+reduced with Sum. The ranks agree (one tiny allreduce of per-tensor rank
+bits) on which tensors overflowed anywhere: those fail with
+``CompressionError`` on every rank; the rest of the batch goes ahead. The
+same exchange says whether any rank's input held inf/NaN, so a non-finite
+*result* from finite inputs (a Sum that overflowed fp16 on the wire) also
+fails with CompressionError, decided from data that is identical on every
+rank. When: for a Sum (and Average), only if some result holds an inf/NaN,
+after the reduction, since any rank's inf/NaN shows in the sum (the result
+is the same bits everywhere, so every rank takes the exchange or none).
+That is one round trip fewer per batch: across a network link, a
+millisecond of a 4 MiB fp16 allreduce's ~20. Min, Max, Product and custom
+payloads agree before sending (a Min can hide an overflow), and an
+overflowed tensor's part of the buffer is zeroed there.
 
 Batching depends only on the ordered ready list and metadata that every
 rank agreed on, so every rank forms the same batches in the same order.
@@ -156,8 +162,13 @@ class Fusion:
             bad = [self._pack(e, buf[offsets[i]:offsets[i + 1]], scale, fused_half)
                    for i, e in enumerate(entries)]
         t_reduce = time.monotonic()
-        failed, nonfinite_in = self._agree_overflow(entries, bad, buf, offsets) if fused_half or custom \
-            else ({}, set())
+        # A Sum of casts (Average is one, pre-scaled) shows every inf/NaN of any rank's payload in
+        # its result, which is the same on every rank: there the ranks agree on the flags only
+        # when a result holds an inf/NaN (rare), after the reduction. Other ops (a Min can hide
+        # an overflow) and custom payloads agree before sending, as the module says.
+        late = fused_half and op == Op.SUM
+        failed, nonfinite_in = self._agree_overflow(entries, bad, buf, offsets) if (fused_half or custom) \
+            and not late else ({}, set())
 
         # Reduce: one collective for the whole batch.
         if self.transport is not None:
@@ -174,12 +185,15 @@ class Fusion:
             if self.timeline is not None:
                 self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)
             return results
-        for i, e in enumerate(entries):
+        unpacked = [(e, None, 0) if e.name in failed else (e, *self._unpack(e, buf[offsets[i]:offsets[i + 1]],
+                                                                            fused_half))
+                    for i, e in enumerate(entries)]
+        if late and any(nonfinite_out for _, _, nonfinite_out in unpacked):   # the same on every rank
+            failed, nonfinite_in = self._agree_overflow(entries, bad, None, offsets)
+        for e, result, nonfinite_out in unpacked:
             if e.name in failed:
                 results.append((e, failed[e.name]))
                 continue
-            part = buf[offsets[i]:offsets[i + 1]]
-            result, nonfinite_out = self._unpack(e, part, fused_half)
             if nonfinite_out and e.name not in nonfinite_in:   # finite inputs, inf/NaN sum
                 result = self._wire_overflow(e, batch)         # (an in-place array keeps its input)
             elif e.inplace and result is not e.array:
@@ -239,10 +253,10 @@ class Fusion:
         # Otherwise a custom compressor's payload (plain batches are unpacked in run()).
         return e.compressor.decompress(part.reshape(e.payload.shape).copy(), e.ctx), 0
 
-    def _agree_overflow(self, entries: list[Entry], bad: list[tuple[int, int]], buf: np.ndarray,
+    def _agree_overflow(self, entries: list[Entry], bad: list[tuple[int, int]], buf: np.ndarray | None,
                         offsets: list[int]) -> tuple[dict[str, CompressionError], set[str]]:
-        """All ranks learn which tensors overflowed on any rank (zeroed and failed), and
-        which had inf/NaN in some rank's input."""
+        """All ranks learn which tensors overflowed on any rank (failed, and zeroed in ``buf`` if
+        given: before sending), and which had inf/NaN in some rank's input."""
         n, words = len(entries), -(-self.size // _BITS)
         flags = np.zeros(n * words + n, np.int64)     # overflow rank masks, then non-finite input counts
         word, bit = divmod(self.rank, _BITS)
@@ -257,13 +271,15 @@ class Fusion:
             mask = flags[i * words:(i + 1) * words].tolist()
             ranks = [w * _BITS + b for w, v in enumerate(mask) for b in range(_BITS) if v >> b & 1]
             if ranks:
-                buf[offsets[i]:offsets[i + 1]] = 0                # a zero contribution everywhere
+                if buf is not None:
+                    buf[offsets[i]:offsets[i + 1]] = 0            # a zero contribution everywhere
                 self.residuals.pop(e.name, None)
                 failed[e.name] = CompressionError(
                     f"allreduce of {e.name!r}: {e.compressor.name} compression produced non-finite "
                     f"values on rank(s) {', '.join(map(str, ranks))} (overflow: |x| too large for "
-                    f"{buf.dtype}); nothing was sent for it. Scale the tensor down or use a wider "
-                    "compression (bf16, or none).")
+                    f"{_wire(e)[0]}); " + ("nothing was sent for it" if buf is not None else
+                                           "its result is dropped on every rank")
+                    + ". Scale the tensor down or use a wider compression (bf16, or none).")
         return failed, nonfinite_in
 
     def _wire_overflow(self, e: Entry, batch: Batch) -> CompressionError:

@@ -237,7 +237,8 @@ def _bf16_of(v, nan_bits):
     one rounding of the low 16 bits (overflow carries into infinity, subnormals round alike)."""
     x = _f32_bits(v)
     r = (x + 0x7FFF + ((x >> 16) & 1)) >> 16
-    return (r & 0x8000) | nan_bits if (x & 0x7FFFFFFF) > 0x7F800000 else r
+    return ((x >> 16) & 0x8000) | nan_bits if (x & 0x7FFFFFFF) > 0x7F800000 else r   # NaN: x's sign (a
+    # payload can carry into r's sign bit, or past it)
 
 
 @njit(nogil=True, cache=True, inline="always")
