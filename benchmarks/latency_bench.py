@@ -8,7 +8,10 @@ OSU latency style (osu_allreduce): one block per size, microseconds, the slowest
 mean over ``--repeats`` blocks of ``-n`` calls, the rows timed round-robin in one run:
 
 * ``mpi4py``: raw ``comm.Allreduce(x, out)`` into a new array (what a user of mpi4py writes);
-* ``default``: ``ar.allreduce(x, ar.Sum)`` with the defaults: metadata check on, ``auto``;
+* ``default``: ``ar.allreduce(x, ar.Sum)`` with the defaults: metadata check on, ``auto``, timed
+  once auto's run-time tuner has kept its pick for the size (``--settle``), as a training loop
+  runs it; at -np 2 on one node that is :meth:`Communicator._pair_call`, one swap through the
+  mailbox with the check's head in it;
 * ``check-off``: the same with ``check=False``;
 * ``check``: default minus check-off (what the check adds to the call), and ``head swap``:
   one head-only swap (``check_agreement``), what the check costs where no message of ours
@@ -40,7 +43,8 @@ def main(argv=None) -> None:
     parser.add_argument("-e", "--maxbytes", type=common.parse_size, default=4096)
     parser.add_argument("-n", "--iters", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=40)
-    parser.add_argument("--settle", type=int, default=3000, help="calls per size before timing (auto's tuner)")
+    parser.add_argument("--settle", type=int, default=400_000,
+                        help="at most this many calls per size before timing, until auto keeps its pick")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     from mpi4py import MPI
@@ -70,12 +74,16 @@ def main(argv=None) -> None:
         print(f"# command: {command}")
         print("\n".join(common.machine_header(desc)))
         print(f"# time = slowest rank's best mean over {args.repeats} blocks of {args.iters} calls, rows round-robin")
+        print("# timed once auto has kept its pick for the size (auto: what it runs; settle: the calls that took, "
+              "the run-time tuner's trial and its ~0.5 s recheck), as in a training loop's steady state")
         print(f"# {'Size':>8} {'mpi4py':>9} {'default':>9} {'check-off':>10} {'check':>8} {'head swap':>10} "
-              f"{'default/mpi4py':>15}")
+              f"{'default/mpi4py':>15} {'auto':>8} {'settle':>8}")
     for nbytes in common.size_list(args.minbytes, args.maxbytes, 2.0):
         x = np.ones(max(1, nbytes // 4), np.float32)
-        for _ in range(args.settle):
+        settled = 0                 # auto's tuner: the same call on every rank keeps the pick
+        while settled < args.settle and x.nbytes not in comm.auto_picks:
             comm.allreduce(x, ar.Sum)
+            settled += 1
         best = {name: float("inf") for name in rows}
         for _ in range(args.repeats):
             for name, fn in rows.items():
@@ -86,11 +94,12 @@ def main(argv=None) -> None:
         records.append({"size_bytes": nbytes, "ranks": world.size, "mpi4py_us": us["mpi4py"],
                         "default_us": us["default"], "check_off_us": us["check-off"],
                         "check_us": us["default"] - us["check-off"], "head_swap_us": us["head swap"],
-                        "default_over_mpi4py": us["default"] / us["mpi4py"]})
+                        "default_over_mpi4py": us["default"] / us["mpi4py"],
+                        "auto": comm.auto_picks.get(x.nbytes, "tuning"), "settle_calls": settled})
         if world.rank == 0:
             print(f"  {nbytes:>8} {us['mpi4py']:>9.2f} {us['default']:>9.2f} {us['check-off']:>10.2f} "
                   f"{us['default'] - us['check-off']:>8.2f} {us['head swap']:>10.2f} "
-                  f"{us['default'] / us['mpi4py']:>14.2f}x", flush=True)
+                  f"{us['default'] / us['mpi4py']:>14.2f}x {records[-1]['auto']:>8} {settled:>8}", flush=True)
     if world.rank == 0:
         print(f"# load average {_load()} at the end (2 cores; the machine is shared: absolute times move "
               "with the load, the same-run ratios far less)", flush=True)

@@ -55,7 +55,7 @@ from ..ops import Average
 from ..transport.base import Transport
 from . import rd
 
-__all__ = ["head", "agrees", "agree", "carries", "rd_carrying", "TAG", "WORDS"]
+__all__ = ["head", "agrees", "agree", "carries", "rd_carrying", "pair", "TAG", "WORDS"]
 
 TAG = 19
 WORDS = 2                       #: integers in a head
@@ -113,7 +113,7 @@ def rd_carrying(comm: Transport, buf: np.ndarray, op, mine: tuple[int, int], *, 
     (the first exchange sends it straight from ``src``: no copy into ``buf`` first).
     """
     if comm.size == 2:
-        return _pair(comm, buf, op, mine, workspace, src)
+        return pair(comm.mailbox, comm.rank, buf, op, mine, workspace, src)
     box, p = comm.mailbox, comm.size
     _, _, steps = rd._plan(p, comm.rank)
     scratch = workspace.get("rd.scratch", buf.size, buf.dtype)
@@ -159,28 +159,28 @@ def _first(buf, src, scratch, op, lower: bool, finish: bool, p: int):
     return scratch, buf
 
 
-def _pair(comm: Transport, buf: np.ndarray, op, mine: tuple[int, int], workspace, src) -> tuple[int, int]:
-    """:func:`rd_carrying` at p = 2: one exchange, and the heads agree exactly when they are equal.
-    Rank 0's data is the first operand on both ranks (the same bits)."""
-    box, peer, rank = comm.mailbox, 1 - comm.rank, comm.rank
-    box.put(buf if src is None else src, peer, mine)
-    theirs = box.peek(peer)
-    if theirs != mine:
-        box.skip(peer)
-        return _merge(mine, theirs)
-    if src is not None and rank == 1:
-        box.take(buf, peer)
-        rd._reduce(buf, src, op, True, 2)                    # buf = theirs (op) mine
+def pair(box, rank: int, buf: np.ndarray, op, mine: tuple[int, int] | None, workspace,
+         src: np.ndarray | None = None) -> tuple[int, int] | None:
+    """:func:`rd_carrying` at p = 2 on the mailbox ``box`` (the communicator's default call comes
+    straight here): one headed swap, and the heads agree exactly when they are equal. Rank 0's
+    data is the first operand on both ranks (the same bits). Returns the merged head. ``mine``
+    None: the check is off, the swap carries data alone (``rd``'s messages at p = 2); returns None."""
+    peer = 1 - rank
+    if src is not None and (rank == 1 or (op != Average and kernels.has_first(op, buf.dtype))):
+        theirs = box.swap_headed(src, buf, peer, mine)       # theirs lands in buf
+        if theirs != mine:
+            return _merge(mine, theirs)
+        if rank == 1:
+            kernels.reduce_finish_into(buf, src, op, 2)      # buf = theirs (op) mine
+        else:
+            kernels.reduce_first_into(buf, src, op)          # buf = mine (op) theirs
         return mine
     scratch = workspace.get("rd.scratch", buf.size, buf.dtype)
-    if src is not None:                                      # rank 0, out of place
-        box.take(buf, peer)
-        if op != Average and kernels.reduce_first_into(buf, src, op):
-            return mine                                      # buf = mine (op) theirs
-        kernels.copy_into(scratch, buf)                      # Min, Max, Average, 16-bit floats
-        kernels.copy_into(buf, src)
-    else:
-        box.take(scratch, peer)
+    theirs = box.swap_headed(buf if src is None else src, scratch, peer, mine)
+    if theirs != mine:
+        return _merge(mine, theirs)
+    if src is not None:                                      # rank 0, out of place: Min, Max, Average,
+        kernels.copy_into(buf, src)                          # 16-bit floats
     if rank == 0:
         rd._reduce(buf, scratch, op, True, 2)                # buf = mine (op) theirs
     elif op != Average and kernels.reduce_first_into(buf, scratch, op):

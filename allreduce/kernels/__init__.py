@@ -22,7 +22,7 @@ import numpy as np
 from ..ops import Average, Op, Sum, bfloat16
 from . import cpu, fused, half
 
-__all__ = ["reduce_into", "reduce_first_into", "reduce_finish_into", "reduce_finish_into_both", "reduce_many_into",
+__all__ = ["reduce_into", "reduce_first_into", "has_first", "reduce_finish_into", "reduce_finish_into_both", "reduce_many_into",
            "reduce_push_into",
            "reduce_finish_split_into", "finish", "copy_into"]
 
@@ -81,6 +81,11 @@ def reduce_first_into(dst: np.ndarray, src: np.ndarray, op: Op) -> bool:
     if dst.size:
         kernel(dst, src)
     return True
+
+
+def has_first(op: Op, dtype: np.dtype) -> bool:
+    """Does :func:`reduce_first_into` do ``op`` on ``dtype`` (else it returns False, doing nothing)?"""
+    return op in _FIRST and dtype in _NATIVE_DTYPES
 
 
 def reduce_finish_into(dst: np.ndarray, src: np.ndarray, op: Op, nranks: int) -> None:

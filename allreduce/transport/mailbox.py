@@ -189,6 +189,41 @@ class Mailbox:
         want = self._recvd[peer] + 1
         self._in[peer][1][0] = self._recvd[peer] = want
 
+    def swap_headed(self, buf: np.ndarray, out: np.ndarray, peer: int,
+                    head: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``put(buf, peer, head)``, ``peek(peer)``, then ``take(out, peer)`` if the peer's head
+        equals ``head``, else ``skip(peer)``; returns the peer's head. The same messages as
+        those four calls, in one: the p = 2 exchange of the default call (a ~4 us call, of
+        which the three extra calls and their lookups cost ~0.3 us). ``head`` None: no head
+        (the check is off), ``put`` then ``take``; returns None."""
+        seq, ack, data = self._out[peer]
+        sent = self._sent[peer]
+        if ack[0] < sent:
+            self._wait(ack, sent, peer, "send to")
+        if head is not None:
+            seq[1] = head[0]
+            seq[2] = head[1]
+        n = buf.nbytes
+        if n:
+            data[:n] = _bytes(buf)
+        fence = self._fence
+        if fence is not None:
+            fence()
+        seq[0] = self._sent[peer] = sent + 1
+        seq, ack, data = self._in[peer]
+        want = self._recvd[peer] + 1
+        if seq[0] < want:
+            self._wait(seq, want, peer, "receive from")
+        if fence is not None:
+            fence()
+        theirs = None if head is None else (seq[1], seq[2])
+        if theirs == head:
+            n = out.nbytes
+            if n:
+                _bytes(out)[:] = data[:n]
+        ack[0] = self._recvd[peer] = want
+        return theirs
+
     def _wait(self, counter, value: int, peer: int, what: str) -> None:
         fence = self._fence
         for _ in range(self._spins):

@@ -11,6 +11,10 @@
    naming every rank's value, the same text on every rank; then a correct allreduce.
 3. A count mismatch where one rank's message fits the mailbox and the other's does not (one
    rank carries the head in its data message, the other sends it alone): no hang.
+4. The default call (no ``algorithm=``, auto keeping rd: at p = 2 the communicator's fast path),
+   every dtype and op, shapes () to (300,), strided: exact, bitwise equal;
+   count, dtype, op, call number and algorithm mismatches raised on every rank; the default
+   call on one rank and ``algorithm="auto"`` on another agree.
 Prints ``OK check_carried on N ranks: ...`` from rank 0.
 """
 import sys
@@ -145,6 +149,70 @@ start = time.perf_counter()
 expect_mismatch("count across the mailbox limit", lambda: c.allreduce(np.ones(big[me], np.float32), algorithm="rd"),
                 f"count differs across ranks ({ranks(big)})")
 mismatches += 1
+
+# 4. the default call (no algorithm=): at p = 2, where auto keeps rd, Communicator._pair_call ------
+# Every size below is given auto's kept pick rd on every rank (what the tuner ends with here).
+def default_call(x, op=Op.SUM):
+    c.auto_picks[x.nbytes] = "rd"
+    return c.allreduce(x, op)
+
+
+for dtype in (np.float32, np.float64, np.int32, bfloat16, np.bool_):
+    for op in Op:
+        if dtype == np.bool_ and op == Op.AVERAGE:
+            continue
+        for shape in ((), (1,), (7,), (3, 5), (300,)):
+            xs = [(rng.integers(-3, 4, shape) if op != Op.PRODUCT else rng.choice([-1, 1, 2], shape)).astype(dtype)
+                  for _ in range(p)]
+            if op == Op.ADASUM:
+                break
+            out = default_call(xs[me], op)
+            check_result(out, xs, op, me, f"default call {shape}", abort)
+            both = np.stack(world.allgather(out.reshape(-1).view(np.uint8)))
+            if out.shape != shape or (both != both[0]).any():
+                print(f"rank {me}: default call {shape} {dtype} {op!r}: shape {out.shape} or ranks differ", flush=True)
+                abort(1)
+            results += 1
+c.auto_picks[16] = "rd"
+if (c._box is not None) != (p == 2) or (p == 2 and c._pair_call(np.ones(4, np.float32), Op.SUM) is None):
+    print(f"rank {me}: the default call's fast path is {'not ' if p == 2 else ''}there at p = {p}", flush=True)
+    abort(1)                                        # (_pair_call: a real call, on every rank)
+strided = np.arange(40, dtype=np.float32)[::3]
+check_result(default_call(strided), [strided] * p, Op.SUM, me, "default call, strided input", abort)
+small = 64
+n = [small] * p
+n[odd] = small + 3
+expect_mismatch("count, default call", lambda: default_call(np.ones(n[me], np.float32)),
+                f"count differs across ranks ({ranks(n)})")
+dt = [np.float32] * p
+dt[odd] = np.int32
+expect_mismatch("dtype, default call", lambda: default_call(np.ones(small, dt[me])),
+                "dtype differs across ranks (" + ranks([np.dtype(d).name for d in dt]) + ")")
+ops = [Op.SUM] * p
+ops[odd] = Op.MIN
+expect_mismatch("op, default call", lambda: default_call(np.ones(small, np.float32), ops[me]),
+                "op differs across ranks (" + ranks([repr(o) for o in ops]) + ")")
+calls = c._calls
+if me == odd:
+    c._calls += 1
+
+
+def settle():
+    if me != odd:
+        c._calls += 1
+
+
+expect_mismatch("call number, default call", lambda: default_call(np.ones(small, np.float32)),
+                "call differs across ranks (" + ranks([f"checked call {calls + (r == odd)}" for r in range(p)]) + ")",
+                settle=settle)
+names = ["auto"] * p                                # the default call meets algorithm="rd" on one rank
+names[odd] = "rd"
+expect_mismatch("algorithm, default call", lambda: c.allreduce(np.ones(small, np.float32), Op.SUM, algorithm=names[me])
+                if me == odd else default_call(np.ones(small, np.float32)), f"algorithm differs across ranks ({ranks(names)})")
+mismatches += 5
+x = np.full(small, me + 1.0, np.float32)            # the default call on some ranks, auto spelled out on others
+got = default_call(x) if me != odd else c.allreduce(x, Op.SUM, algorithm="auto")
+check_result(got, [np.full(small, r + 1.0, np.float32) for r in range(p)], Op.SUM, me, "default call and auto", abort)
 if me == 0:
     print(f"OK check_carried on {p} ranks: {results} results exact and equal across ranks, {mismatches} "
           f"mismatches raised on every rank (rd carries the head: {carried}), "
