@@ -45,7 +45,7 @@ from ..config import Config
 from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
 from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
 from ..transport.base import Transport
-from .compression import BUILTIN, check_compressor, precompress
+from .compression import BUILTIN, Compression, check_compressor, precompress
 from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion, plan
 from .handle import Entry, GroupHandle, Handle
 from .negotiation import Negotiator
@@ -101,6 +101,8 @@ class Engine:
         self._join: Handle | None = None                  # this rank's join, until every rank has joined
         self._join_queued = False
         self.pacer = Pacer(config.cycle_time / 1000.0)
+        self._hurry = self.pacer.hurry                    # one bound method for every handle
+        self._checked: tuple = (None, None, None, None, None)   # submit's last checked combination
         self._unnamed = 0
         self._thread = threading.Thread(target=self._run, name=f"allreduce-engine-rank{self.rank}", daemon=True)
         self._thread.start()
@@ -122,19 +124,35 @@ class Engine:
         Returns:
             A handle; ``handle.wait()`` returns the reduced array.
         """
+        # The checks depend only on (dtype, op, compression): the last combination that passed them
+        # is recognised by identity (~0.1 us) instead of checked again (~0.6 us of a ~2 us submit).
+        checked = self._checked
+        if not (x.__class__ is np.ndarray and x.dtype is checked[0] and op is checked[1]
+                and compression is checked[2] and (not inplace or x.flags.writeable)):
+            x, checked = self._check(x, op, compression, inplace)
+        if name is not None and (name.__class__ is not str or not name):
+            self._check_name(name)
+        handle = Handle(name, self._hurry)
+        self._enqueue(Entry(name, x, checked[3], checked[4], handle, inplace))   # copies a non-contiguous x first
+        return handle
+
+    def _check(self, x, op, compression, inplace: bool) -> tuple:
+        """Validate one submit's array, op and compression (raising the user's error); return the
+        array (as numpy) and ``(dtype, op as given, compression as given, op, compressor)``."""
         if inplace and not (isinstance(x, np.ndarray) and x.flags.writeable):
             raise InvalidArgumentError(f"rank {self.rank}: an in-place allreduce needs a writeable numpy "
                                        f"array, got {'a read-only array' if isinstance(x, np.ndarray) else type(x).__name__}")
         x = x if isinstance(x, np.ndarray) else np.asarray(x)
+        given = op
         op = as_op(op)
         check_dtype(x.dtype, op)
         if op is Op.ADASUM:
             adasum.check(self.size, x.dtype, self.rank)     # every rank raises alike, nothing queued
         compressor = check_compressor(compression)
-        self._check_name(name)
-        handle = Handle(name, self.pacer.hurry)
-        self._enqueue(Entry(name, x, op, compressor, handle, inplace))   # copies a non-contiguous x first
-        return handle
+        checked = (x.dtype, given, compression, op, compressor)
+        if given is op:                                     # an integer op is converted every time
+            self._checked = checked
+        return x, checked
 
     def submit_group(self, xs, *, name: str | None = None, op=Op.AVERAGE, compression=None) -> GroupHandle:
         """Queue a list of arrays of one dtype as one tensor; return a :class:`GroupHandle`.
@@ -326,15 +344,25 @@ class Engine:
 
     def _run_batch(self, batch) -> None:
         """Reduce one fused batch; an error fails that batch's handles, never leaves them waiting."""
-        done: set[int] = set()
+        results: list = []
+        finished = 0
         try:
-            for entry, result in self.fusion.run(batch):
-                done.add(id(entry))
-                self._finish(entry, result)
+            results = self.fusion.run(batch)
+            inflight = self._inflight
+            for entry, result in results:        # _finish, inlined: ~0.2 us less for each tensor
+                if entry.locked:
+                    entry.release()
+                inflight.discard(entry.name)
+                if isinstance(result, BaseException):
+                    entry.handle._fail(result)
+                else:
+                    entry.handle._set(result)
+                finished += 1
         except Exception as exc:  # noqa: BLE001 - every handle of the batch must hear about it
             error = exc if isinstance(exc, AllreduceError) else AllreduceError(
                 f"rank {self.rank}: reducing {', '.join(repr(e.name) for e in batch.entries[:4])} failed: "
                 f"{type(exc).__name__}: {exc}")
+            done = {id(entry) for entry, _ in results[:finished]}
             for entry in batch.entries:
                 if id(entry) not in done:
                     self._finish(entry, error)
@@ -347,19 +375,21 @@ class Engine:
             if self._join_queued:
                 self._join_queued, self.negotiator.joining = False, True
         now, pending, timeline = time.monotonic(), self.pending, self.timeline
+        none = Compression.none
         for entry in queue:
             if timeline is not None:
                 timeline.span(entry.name, "QUEUE", entry.submitted, now)
             entry.submitted = now
             flat = entry.flat
-            wire = entry.compressor.wire_dtype(flat.dtype)
+            # What fusion._wire would compute again; no compression: the tensor's own dtype.
+            wire = flat.dtype if entry.compressor is none else entry.compressor.wire_dtype(flat.dtype)
             if wire is None:
                 error = precompress(entry, self.rank)   # a custom compressor: compress now, once
                 if error is not None:
                     self._finish(entry, error)
                     continue
             else:
-                entry.wire = wire, flat.size          # what fusion._wire would compute again
+                entry.wire = wire, flat.size
             pending[entry.name] = entry
 
     def _finish(self, entry: Entry, result) -> None:

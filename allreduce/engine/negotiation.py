@@ -170,18 +170,23 @@ class Negotiator:
         self.tiny = vec[_PENDING] == 0
         out.shutdown = bool(vec[_SHUTDOWN])
         masks = vec[_FLAGS:].reshape(len(self.names), self.words)
-        if self.joined:                                     # joined ranks count as ready
-            full = ((masks | self._joined_mask) == self._full).all(axis=1).tolist()
-        else:
-            full = (masks == self._full).all(axis=1).tolist()  # ready on every rank
         partial_now: dict[str, frozenset[int]] = {}
         names, ready, ranks, everyone, joined = self.names, out.ready, out.ranks, self._everyone, self.joined
-        for pos in np.flatnonzero(masks.any(axis=1)).tolist():   # 1. cached names someone is ready for
-            name = names[pos]
-            if full[pos] and (not joined or self._zero_fill(name, metas[pos], pos, masks[pos], out)):
-                ready.append(name)
-                ranks[name] = everyone
-            else:
+        if joined:                                          # joined ranks count as ready
+            full = ((masks | self._joined_mask) == self._full).all(axis=1).tolist()
+            for pos in np.flatnonzero(masks.any(axis=1)).tolist():   # 1. cached names someone is ready for
+                name = names[pos]
+                if full[pos] and self._zero_fill(name, metas[pos], pos, masks[pos], out):
+                    ready.append(name)
+                    ranks[name] = everyone
+                else:
+                    partial_now[name] = ranks[name] = self._ranks(masks[pos])
+        else:                                               # 1. the same, a whole vector at a time
+            full = (masks == self._full).all(axis=1)        # ready on every rank
+            ready += [names[pos] for pos in np.flatnonzero(full).tolist()]
+            ranks.update(dict.fromkeys(ready, everyone))
+            for pos in np.flatnonzero(masks.any(axis=1) & ~full).tolist():
+                name = names[pos]
                 partial_now[name] = ranks[name] = self._ranks(masks[pos])
         if vec[_SLOW]:                                      # 2. new names
             self.stats["slow"] += 1
