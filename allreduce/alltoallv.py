@@ -88,6 +88,7 @@ def alltoall(comm, x, splits=None) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x)
     x = np.ascontiguousarray(x) if x.ndim else x           # (ascontiguousarray makes a scalar 1-D)
     p, rank = comm.size, comm.rank
+    comm.check_agreement("alltoall")                   # same collective everywhere? (rows may differ)
     mine = _my_row(x, splits, p)
     table = np.empty(p * mine.size, np.int64)
     _allgather_blocks(comm.transport, mine, table)

@@ -5,8 +5,8 @@ This is the boundary where user input is validated. Everything below it
 
     1. checks its arguments locally: dtype, op, algorithm, root_rank
        -> ``TypeError`` / ``ValueError`` before any message is sent;
-    2. checks that every rank makes the same call (count, dtype, op,
-       algorithm, root, a call number) -> ``MismatchError`` on *every*
+    2. checks that every rank makes the same call (which collective, count,
+       dtype, op, algorithm, root, a call number) -> ``MismatchError`` on *every*
        rank, naming the ranks and their values (``check=False`` skips
        this). The metadata travels as a two-integer head inside messages
        the algorithm sends anyway where it can (rd through the mailbox),
@@ -46,11 +46,26 @@ _AVERAGE = Op.AVERAGE
 _BOOL = _DTYPE_CODES[np.dtype(bool)]
 _AUTO = _ALGO_CODES["auto"]
 
-_FIELDS = ("count", "dtype", "op", "algorithm", "root_rank", "shared", "call")   # "call": set by the communicator
-_SHOW = {"dtype": lambda c: str(np.dtype(_dtype_name(c))), "op": lambda c: repr(Op(c)),
+#: Every checked collective's first field: which collective it is. Ranks that disagree here are out
+#: of step (one skipped a collective, after an error it caught or a branch on its rank): the head
+#: swap that every checked call starts with (or rd's headed exchange) is the same message whatever
+#: the collective, so they meet there and fail at once, not at the transport timeout.
+COLLECTIVES = ("allreduce", "broadcast", "broadcast_object", "allgather", "allgather_object",
+               "reducescatter", "alltoall", "barrier", "shared_empty", "remove_process_set")
+_COLLECTIVE = {name: code for code, name in enumerate(COLLECTIVES)}
+_FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root_rank", "shared", "call")  # "call": set here
+_SHOW = {"collective": lambda c: COLLECTIVES[c],
+         "dtype": lambda c: str(np.dtype(_dtype_name(c))), "op": lambda c: repr(Op(c)),
          "algorithm": lambda c: ALGORITHM_NAMES[c],
          "shared": lambda c: "a private array" if c < 0 else f"shared_empty memory at byte {c}",
          "call": lambda c: f"checked call {c}"}
+
+
+def _show(field: str, code: int) -> str:
+    """One rank's value of ``field`` in words; -1 means the collective has no such field."""
+    if code == -1 and field not in ("count", "call", "shared"):
+        return "none"
+    return _SHOW.get(field, str)(code)
 
 
 def _dtype_name(code: int) -> str:
@@ -116,7 +131,7 @@ class Communicator(AutoChooser):
         """
         if not self.config.check or self.size == 1:
             return
-        values = self._metadata(fields.get(f, -1) for f in _FIELDS[:-1])
+        values = self._metadata((_COLLECTIVE[what], *(fields.get(f, -1) for f in _FIELDS[1:-1])))
         self._raise_if_apart(what, values, agree.agree(self.transport, agree.head(values)))
 
     def _metadata(self, fields) -> tuple[int, ...]:
@@ -134,12 +149,18 @@ class Communicator(AutoChooser):
         table = self.workspace.get("check", self.size * mine.size, np.int64)
         _allgather_blocks(self.transport, mine, table)
         table = table.reshape(self.size, mine.size)
+        kinds = table[:, 0]
+        if (kinds != kinds[0]).any():        # the other fields describe different calls: not compared
+            calls = ", ".join(f"rank {r}: {COLLECTIVES[int(k)]}" for r, k in enumerate(kinds))
+            raise MismatchError(f"the ranks are out of step: they call different collectives ({calls}). "
+                                "A rank skipped or added a collective (an error it caught and went on "
+                                "from, or a branch on its rank); every rank must call the same "
+                                "collectives in the same order.")
         problems = []
         for j, field in enumerate(_FIELDS):
             column = table[:, j]
             if (column != column[0]).any():
-                show = _SHOW.get(field, str)
-                values = ", ".join(f"rank {r}: {show(int(v))}" for r, v in enumerate(column))
+                values = ", ".join(f"rank {r}: {_show(field, int(v))}" for r, v in enumerate(column))
                 problems.append(f"{field} differs across ranks ({values})")
         raise MismatchError(f"{what}: " + "; ".join(problems)
                             + ". Every rank must call the same collective with the same arguments.")
@@ -173,7 +194,7 @@ class Communicator(AutoChooser):
         values = None
         if self.config.check and self.transport.size > 1:
             registered = shared.find(self.transport, flat) if src is None else None
-            values = (flat.size, _DTYPE_CODES[flat.dtype], int(op), _ALGO_CODES[algorithm], -1,
+            values = (0, flat.size, _DTYPE_CODES[flat.dtype], int(op), _ALGO_CODES[algorithm], -1,
                       -1 if registered is None else registered[1], self._calls)
             self._calls += 1
         if op is _ADASUM:                 # its own algorithm, whatever ``algorithm`` says (Horovod's too)
@@ -243,7 +264,7 @@ class Communicator(AutoChooser):
             return None
         values = mine = None
         if config.check:
-            values = (x.size, code, op._value_, _AUTO, -1, -1, self._calls)   # as _run_allreduce's
+            values = (0, x.size, code, op._value_, _AUTO, -1, -1, self._calls)   # as _run_allreduce's
             self._calls += 1
             mine = agree.head(values)
         out = np.empty(x.shape, x.dtype)
@@ -340,6 +361,7 @@ class Communicator(AutoChooser):
         if x.ndim == 0:
             x = x.reshape(1)
         row = int(np.prod(x.shape[1:], dtype=np.int64))
+        self.check_agreement("allgather")         # same collective everywhere? (rows may differ)
         rows = self._allgather_ints([x.shape[0], row, dtype_code(x.dtype), x.ndim])
         self._agree_columns("allgather", rows, {1: "elements per row (shape[1:])", 2: "dtype", 3: "ndim"})
         counts = [int(r[0]) * row for r in rows]
@@ -351,6 +373,7 @@ class Communicator(AutoChooser):
         """A list of every rank's picklable ``obj``, in rank order."""
         from .algorithms.allgather import allgatherv
         data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        self.check_agreement("allgather_object")
         counts = [int(n) for n in self._allgather_ints([data.size])[:, 0]]
         out = np.empty(sum(counts), np.uint8)
         allgatherv(self.transport, data, out, counts)
@@ -390,6 +413,7 @@ class Communicator(AutoChooser):
         return _alltoall(self, x, splits)
 
     def barrier(self) -> None:
+        self.check_agreement("barrier")
         self.transport.barrier()
 
     # -- helpers ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import allreduce as ar
 
-from .ops import _numpy_call, _plain_python
+from .ops import _numpy_call, _plain_python, in_step
 from .process_sets import communicator_of, gather_grad, gather_raw, global_process_set, scaled
 
 __all__ = ["alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter"]
@@ -45,7 +45,7 @@ def _alltoall_raw(x, splits, comm):
     def run(a, s):
         out, received = comm.alltoall(a, s if s.size else None)
         return out, received.astype("int32")
-    y, received = _numpy_call("alltoall", run, [x, splits], [x.dtype, tf.int32])
+    y, received = _numpy_call("alltoall", in_step(run, comm), [x, splits], [x.dtype, tf.int32])
     y.set_shape(_rows_shape(x))
     received.set_shape([comm.size])
     return y, received
@@ -104,7 +104,7 @@ def _grouped_reducescatter(xs: list, op, pre: float, post: float, process_set) -
     def raw(*xs):
         def run(*arrays):
             return [scaled(comm.reducescatter(scaled(a, pre), op), post) for a in arrays]
-        ys = _numpy_call("reducescatter", run, list(xs), [x.dtype for x in xs])
+        ys = _numpy_call("reducescatter", in_step(run, comm), list(xs), [x.dtype for x in xs])
         for x, y in zip(xs, ys):
             y.set_shape(_rows_shape(x))
         return ys
@@ -168,7 +168,7 @@ def grouped_allgather(tensors, name: str | None = None, ignore_name_scope: bool 
         return []
 
     def raw(*xs):
-        ys = _numpy_call("grouped_allgather", lambda *arrays: [comm.allgather(a) for a in arrays],
+        ys = _numpy_call("grouped_allgather", in_step(lambda *arrays: [comm.allgather(a) for a in arrays], comm),
                          list(xs), [x.dtype for x in xs])
         for x, y in zip(xs, ys):
             y.set_shape(_rows_shape(x))

@@ -23,7 +23,7 @@ import tensorflow as tf
 import allreduce as ar
 from allreduce.errors import MismatchError
 
-from .ops import Average, _name, _numpy_call, _plain_python, allreduce
+from .ops import Average, _name, _numpy_call, _plain_python, allreduce, in_step
 
 __all__ = ["allgather", "broadcast", "broadcast_", "broadcast_variables", "broadcast_global_variables",
            "broadcast_object", "broadcast_object_fn", "allgather_object"]
@@ -31,7 +31,7 @@ __all__ = ["allgather", "broadcast", "broadcast_", "broadcast_variables", "broad
 
 # --------------------------------------------------------------------------- allgather
 def _allgather_raw(x: tf.Tensor) -> tf.Tensor:
-    y = _numpy_call("allgather", ar.allgather, [x], [x.dtype])[0]
+    y = _numpy_call("allgather", in_step(ar.allgather), [x], [x.dtype])[0]
     y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
     return y
 
@@ -69,7 +69,7 @@ def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False):
 def _broadcast_raw(xs: list, root_rank: int) -> list:
     def run(*arrays):
         return _broadcast_arrays(list(arrays), root_rank)
-    ys = _numpy_call("broadcast", run, xs, [x.dtype for x in xs])
+    ys = _numpy_call("broadcast", in_step(run), xs, [x.dtype for x in xs])
     for x, y in zip(xs, ys):
         y.set_shape(x.shape)
     return ys
@@ -78,6 +78,7 @@ def _broadcast_raw(xs: list, root_rank: int) -> list:
 def _check_shapes(arrays: list[np.ndarray], root_rank: int) -> None:
     """Every rank's (shape, dtype) list is root's; else ``MismatchError`` on every rank, naming them."""
     mine = [(a.shape, a.dtype.str) for a in arrays]
+    ar.communicator().check_agreement("broadcast")    # out of step: names "broadcast", not this allgather
     every = ar.allgather_object((mine, root_rank))
     if any(other != every[0] for other in every):
         shown = "; ".join(f"rank {r}: root {root}, {[(s, np.dtype(d).name) for s, d in got]}"
@@ -177,7 +178,7 @@ def broadcast_global_variables(root_rank: int):
 # --------------------------------------------------------------------------- objects
 def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
     """Root's picklable ``obj`` on every rank (``hvd.broadcast_object``); eager only."""
-    return ar.broadcast_object(obj, root_rank=root_rank)
+    return in_step(ar.broadcast_object)(obj, root_rank=root_rank)
 
 
 def broadcast_object_fn(root_rank: int = 0, session=None, name: str | None = None):
@@ -192,4 +193,4 @@ def broadcast_object_fn(root_rank: int = 0, session=None, name: str | None = Non
 
 def allgather_object(obj, name: str | None = None) -> list:
     """Every rank's picklable ``obj``, as a list in rank order (``hvd.allgather_object``)."""
-    return ar.allgather_object(obj)
+    return in_step(ar.allgather_object)(obj)

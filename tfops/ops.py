@@ -42,7 +42,7 @@ from .compression import Compression, check_compression
 from .errors import tf_typed
 from . import graph_order
 
-__all__ = ["submit", "wait", "grouped", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
+__all__ = ["submit", "wait", "in_step", "grouped", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
            "XlaNotSupportedError", "allreduce", "grouped_allreduce", "allgather", "join", "broadcast",
            "broadcast_variables", "broadcast_object", "allgather_object"]
 
@@ -60,6 +60,37 @@ def submit(x: np.ndarray, name: str, op, compression):
 def wait(handle) -> np.ndarray:
     """Block until ``handle`` is done; return the reduced array (or raise the engine's error)."""
     return ar.synchronize(handle)
+
+
+_EMPTY = np.empty(0, np.uint8)
+#: The rendezvous's one name: each rank's k-th direct call meets the others' k-th (a name reused
+#: once reduced, as a gradient's is every step); no counter that a failed call could leave apart.
+DIRECT = "tfops.direct"
+
+
+def in_step(fn, comm=None):
+    """``fn`` (a collective on the direct path: allgather, broadcast, alltoall, reducescatter),
+    after the engine has seen every rank arrive at one: an empty allreduce named :data:`DIRECT`,
+    the same name on every rank whatever the collective.
+
+    Horovod sends every op through its background thread by name, so a rank that failed a step
+    and went on to another op (an allreduce on one rank, an allgather on another) is found out of
+    step. The direct path has no names: there the two ranks would wait on each other until the
+    transport timeout (30 s). The rendezvous puts the direct call's name where the engine's
+    out-of-step inspector sees it: every rank fails within ``out_of_step_time`` seconds with a
+    ``StallError`` naming who waits for what (and ranks in step meet at once). Different
+    direct-path collectives on different ranks pass it and fail in the collectives' own metadata
+    check, naming each rank's collective. Only on the world communicator (a process set's
+    collective involves only its ranks); ``out_of_step_time`` 0 turns it off, and with it the
+    ~0.1 ms the engine's round trip costs."""
+    if comm is not None and comm is not ar.communicator():
+        return fn
+
+    def run(*args, **kwargs):
+        if ar.size() > 1 and ar.communicator().config.out_of_step_time > 0:
+            wait(submit(_EMPTY, DIRECT, Sum, None))
+        return fn(*args, **kwargs)
+    return run
 
 
 def grouped(arrays: list, names: list[str], op, compression) -> list:

@@ -40,7 +40,7 @@ import allreduce as ar
 from allreduce.process_sets import (ProcessSet, add_process_set, global_process_set, process_set_by_id,
                                     remove_process_set)
 
-from .ops import _numpy_call, _plain_python
+from .ops import _numpy_call, _plain_python, in_step
 
 __all__ = ["ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "process_set_by_id",
            "process_set_included_op", "NotInProcessSetError", "communicator_of", "is_global",
@@ -90,8 +90,8 @@ def scaled(a: np.ndarray, factor: float) -> np.ndarray:
     return a if factor == 1.0 else np.asarray(a * factor).astype(a.dtype, copy=False)
 
 
-def _call(what: str, fn, xs: list, dtypes: list, shapes: list) -> list:
-    ys = _numpy_call(what, fn, xs, dtypes)
+def _call(what: str, fn, xs: list, dtypes: list, shapes: list, comm=None) -> list:
+    ys = _numpy_call(what, in_step(fn, comm) if comm is not None else fn, xs, dtypes)
     for y, shape in zip(ys, shapes):
         y.set_shape(shape)
     return ys
@@ -160,15 +160,18 @@ def grouped_allreduce_in_set(tensors, op=None, average=None, prescale_factor=1.0
 def gather_grad(x, dy, process_set):
     """Horovod's allgather gradient: the members' upstream gradients averaged, this rank's rows kept."""
     comm = communicator_of(process_set)
-    total = _call("allgather_grad", lambda g: comm.allreduce(g, ar.Average), [dy], [dy.dtype], [dy.shape])[0]
-    rows = _call("allgather_rows", comm.allgather, [tf.shape(x, out_type=tf.int64)[:1]], [tf.int64], [[None]])[0]
+    total = _call("allgather_grad", lambda g: comm.allreduce(g, ar.Average), [dy], [dy.dtype], [dy.shape],
+                  comm)[0]
+    rows = _call("allgather_rows", comm.allgather, [tf.shape(x, out_type=tf.int64)[:1]], [tf.int64], [[None]],
+                 comm)[0]
     start = tf.reduce_sum(rows[:comm.rank])
     return total[start:start + rows[comm.rank]]
 
 
 def gather_raw(x, comm):
     """Every member's rows of ``x`` in set order (no gradient)."""
-    return _call("allgather", comm.allgather, [x], [x.dtype], [tf.TensorShape([None]).concatenate(x.shape[1:])])[0]
+    return _call("allgather", comm.allgather, [x], [x.dtype], [tf.TensorShape([None]).concatenate(x.shape[1:])],
+                 comm)[0]
 
 
 @_plain_python

@@ -210,11 +210,31 @@ names[odd] = "rd"
 expect_mismatch("algorithm, default call", lambda: c.allreduce(np.ones(small, np.float32), Op.SUM, algorithm=names[me])
                 if me == odd else default_call(np.ones(small, np.float32)), f"algorithm differs across ranks ({ranks(names)})")
 mismatches += 5
+# 5. out of step: one rank calls another collective (it skipped one): every checked collective's
+#    head names its kind, so they meet in the first swap and fail at once, naming each rank's call
+other = {"allgather": lambda: c.allgather(np.ones(3, np.float32)),
+         "broadcast": lambda: c.broadcast(np.ones(3, np.float32), root_rank=0),
+         "allgather_object": lambda: c.allgather_object(me),
+         "broadcast_object": lambda: c.broadcast_object(me, root_rank=0),
+         "reducescatter": lambda: c.reducescatter(np.ones(3 * p, np.float32)),
+         "alltoall": lambda: c.alltoall(np.ones(p, np.float32)),
+         "barrier": c.barrier}
+on_odd = {"allreduce (rd carrying)": lambda: c.allreduce(np.ones(small, np.float32), Op.SUM, algorithm="rd"),
+          "allreduce (default call)": lambda: default_call(np.ones(small, np.float32)),
+          "allreduce (mpi)": lambda: c.allreduce(np.ones(small, np.float32), Op.SUM, algorithm="mpi")}
+start = time.perf_counter()
+for kind, call in other.items():
+    for odd_kind, odd_call in list(on_odd.items()) + [("broadcast", other["broadcast"])] * (kind == "allgather"):
+        shown = ranks([odd_kind.split(" ")[0] if r == odd else kind for r in range(p)])
+        expect_mismatch(f"out of step: {kind} against {odd_kind}", odd_call if me == odd else call,
+                        f"the ranks are out of step: they call different collectives ({shown})")
+        mismatches += 1
+oos_seconds = time.perf_counter() - start
 x = np.full(small, me + 1.0, np.float32)            # the default call on some ranks, auto spelled out on others
 got = default_call(x) if me != odd else c.allreduce(x, Op.SUM, algorithm="auto")
 check_result(got, [np.full(small, r + 1.0, np.float32) for r in range(p)], Op.SUM, me, "default call and auto", abort)
 if me == 0:
     print(f"OK check_carried on {p} ranks: {results} results exact and equal across ranks, {mismatches} "
           f"mismatches raised on every rank (rd carries the head: {carried}), "
-          f"{time.perf_counter() - start:.2f} s for the last", flush=True)
+          f"{oos_seconds:.2f} s for the out-of-step pairs", flush=True)
 ar.shutdown()

@@ -10,6 +10,7 @@ Prints "tf_surface OK" on every rank.
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -291,6 +292,22 @@ def check_out_of_step(p, me):
     error = raised_everywhere(ar.StallError, lambda: tfops.allreduce(tf.ones([2]), name=f"oos.{min(me, 1)}"),
                               "out of step")
     assert "out of step" in str(error) and "'oos.0' submitted by rank(s) 0" in str(error), str(error)
+    # rank 0 went on to a direct-path collective (allgather), the others to an engine allreduce:
+    # the direct call's rendezvous (tfops.ops.in_step) shows the engine who waits for what
+    # (integer tensors: a float one takes an auto-name for its gradient, a counter that the rank
+    # which went on would leave ahead of the others for good, as Horovod's auto-names would)
+    start = time.monotonic()
+    error = raised_everywhere(ar.StallError, lambda: tfops.allgather(tf.ones([2], tf.int32)) if me == 0
+                              else tfops.allreduce(tf.ones([2]), name="oos.next"), "direct against engine")
+    assert time.monotonic() - start < 25, "out of step must fail long before the transport timeout"
+    assert "out of step" in str(error) and "'tfops.direct' submitted by rank(s) 0" in str(error), str(error)
+    # two direct-path collectives of different kinds: the metadata check names each rank's
+    error = raised_everywhere(ar.MismatchError, lambda: tfops.allgather(tf.ones([2], tf.int32)) if me == 0
+                              else tfops.broadcast(tf.ones([2], tf.int32), 0), "allgather against broadcast")
+    kinds = ", ".join(f"rank {r}: {'allgather' if r == 0 else 'broadcast'}" for r in range(p))
+    assert "the ranks are out of step" in str(error) and kinds in str(error), str(error)
+    got = tfops.allgather(tf.ones([1]) * me).numpy().tolist()          # in step again
+    assert got == list(range(p)), got
 
 
 def check_in_fit(p, me):
