@@ -11,7 +11,9 @@ fusion         1000 tensors of 4 KiB: ``allreduce_async`` on all, then wait (the
                engine fuses them into few allreduces) vs 1000 blocking
                ``allreduce_`` calls; and ``grouped_allreduce`` (one engine tensor);
                and the same in C: 1000 ``MPI_Allreduce`` calls vs one on the
-               joined bytes, the most any fusion can gain on this machine
+               joined bytes, the most any fusion can gain on this machine; and
+               the floor under any engine in Python: packing the tensors (pack)
+               and a bare handle per tensor (handles)
 compression    one bandwidth-bound float32 tensor: Compression.none / fp16 /
                bf16 through the engine; time and max relative error
 resnet50       one training step's 161 gradients (25.6M float32, resnet50_shapes)
@@ -124,8 +126,23 @@ def bench_fusion(ar, args, mpi) -> list[dict]:
 
     variants["native-unfused"] = native_unfused
     variants["native-fused"] = lambda: mpi.Allreduce(joined, joined_out, op=MPI.SUM)
+    # The floor under the engine, in the same run: what any fusing engine in Python pays whatever its
+    # design. "pack": copying the tensors into one buffer (one C call). "handles": one handle object
+    # per tensor made, completed and waited on, nothing else (the engine's own Handle).
+    from allreduce.engine.handle import Handle
+    variants["pack"] = lambda: np.concatenate(grads, out=joined)
+    variants["handles"] = functools.partial(_bare_handles, Handle, names, grads)
     times = timed_together(variants, args, mpi)
-    return [_record("fusion", v, total, 1 if v == "native-fused" else args.tensors, t, p) for v, t in times.items()]
+    return [_record("fusion", v, total, 1 if v in ("native-fused", "pack") else args.tensors, t, p)
+            for v, t in times.items()]
+
+
+def _bare_handles(handle_class, names, results) -> None:
+    handles = [handle_class(n) for n in names]
+    for h, x in zip(handles, results):
+        h._set(x)
+    for h in handles:
+        h.wait()
 
 
 def _rel_err(got: np.ndarray, exact: np.ndarray) -> float:
@@ -237,7 +254,29 @@ def ratios(records: list[dict]) -> list[str]:
                              ("latency", "engine-roundtrip", "blocking")):
         if (mode, fast) in t and (mode, base) in t:
             out.append(f"# {mode}: {fast} / {base} time = {t[(mode, fast)] / t[(mode, base)]:.2f}x")
+    bound = fusion_bound(records)
+    if bound:
+        out.append("# fusion: per tensor, raw MPI_Allreduce {raw:.2f} us; engine {engine:.2f} us, of which packing "
+                   "and one fused allreduce {fixed:.2f} us, its Python {python:.2f} us; a bare handle {handle:.2f} us"
+                   .format(**bound))
     return out
+
+
+def fusion_bound(records: list[dict]) -> dict | None:
+    """Per tensor (us), from one run's fusion rows: a raw 4 KiB MPI_Allreduce call, the engine, its
+    fixed part (packing the tensors and one MPI_Allreduce on the joined bytes, spread over the tensors),
+    its Python (the rest: submit, negotiation, views, finish, wait), and a bare handle; with
+    ``budget``, what 1.0x against the raw calls leaves the Python per tensor, and ``floor``, the raw
+    time / the time of the fixed part plus bare handles (the most any engine in Python reaches here)."""
+    rows = {r["algorithm"]: r for r in records if r["mode"] == "fusion"}
+    if not all(k in rows for k in ("engine", "native-unfused", "native-fused", "pack", "handles")):
+        return None
+    n = rows["engine"]["tensors"]
+    per = {k: rows[k]["time_us"] / n for k in ("engine", "native-unfused", "native-fused", "pack", "handles")}
+    fixed = per["pack"] + per["native-fused"]
+    return {"raw": per["native-unfused"], "engine": per["engine"], "fixed": fixed,
+            "python": per["engine"] - fixed, "handle": per["handles"], "budget": per["native-unfused"] - fixed,
+            "floor": per["native-unfused"] / (fixed + per["handles"]), "tensors": n}
 
 
 def main(argv=None) -> int:
