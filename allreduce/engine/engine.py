@@ -45,7 +45,7 @@ from ..config import Config
 from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
 from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
 from ..transport.base import Transport
-from .compression import BUILTIN, Compression, check_compressor, precompress
+from .compression import BUILTIN, check_compressor, precompress
 from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion, plan
 from .handle import Entry, GroupHandle, Handle
 from .negotiation import Negotiator
@@ -374,22 +374,23 @@ class Engine:
             queue, self._queue = self._queue, []
             if self._join_queued:
                 self._join_queued, self.negotiator.joining = False, True
-        now, pending, timeline = time.monotonic(), self.pending, self.timeline
-        none = Compression.none
-        for entry in queue:
-            if timeline is not None:
+        pending, timeline = self.pending, self.timeline
+        if timeline is not None:                 # NEGOTIATE spans start here, QUEUE spans end here
+            now = time.monotonic()
+            for entry in queue:
                 timeline.span(entry.name, "QUEUE", entry.submitted, now)
-            entry.submitted = now
-            flat = entry.flat
-            # What fusion._wire would compute again; no compression: the tensor's own dtype.
-            wire = flat.dtype if entry.compressor is none else entry.compressor.wire_dtype(flat.dtype)
-            if wire is None:
-                error = precompress(entry, self.rank)   # a custom compressor: compress now, once
-                if error is not None:
-                    self._finish(entry, error)
-                    continue
-            else:
-                entry.wire = wire, flat.size
+                entry.submitted = now
+        for entry in queue:
+            if entry.wire is None:               # compressed (no compression: set at submit)
+                flat = entry.flat
+                wire = entry.compressor.wire_dtype(flat.dtype)
+                if wire is None:
+                    error = precompress(entry, self.rank)   # a custom compressor: compress now, once
+                    if error is not None:
+                        self._finish(entry, error)
+                        continue
+                else:
+                    entry.wire = wire, flat.size      # what fusion._wire would compute again
             pending[entry.name] = entry
 
     def _finish(self, entry: Entry, result) -> None:

@@ -101,6 +101,7 @@ def plan(ready: list[Entry], threshold: int, direct_bytes: int = DIRECT_BYTES) -
     batches: list[Batch] = []
     open_: dict[tuple, Batch] = {}
     key = batch = last = None
+    adasum = Op.ADASUM                  # an enum member: a class attribute lookup each time
     for entry in ready:
         wire, count = entry.wire or _wire(entry)
         nbytes = count * wire.itemsize
@@ -113,8 +114,8 @@ def plan(ready: list[Entry], threshold: int, direct_bytes: int = DIRECT_BYTES) -
             key = (dtype, wire, op, compressor.name, direct)   # dtypes hash by value
             last = (dtype, wire, op, compressor, direct)
             batch = open_.get(key)
-        if batch is None or (batch.entries and (batch.nbytes + nbytes > threshold or entry.op is Op.ADASUM)):
-            batch = open_[key] = Batch(wire, entry.op, entry.compressor, direct)
+        if batch is None or (batch.entries and (batch.nbytes + nbytes > threshold or op is adasum)):
+            batch = open_[key] = Batch(wire, op, compressor, direct)
             batches.append(batch)
         batch.entries.append(entry)
         batch.nbytes += nbytes

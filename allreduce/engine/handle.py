@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..ops import Op
+from .compression import Compression
 
 __all__ = ["Handle", "GroupHandle", "GroupedHandle", "Entry", "Meta"]
 
@@ -27,6 +28,7 @@ Meta = tuple
 
 
 _NOBODY: frozenset = frozenset()
+_NONE = Compression.none
 _new_lock = threading.Lock           # a module global: one lookup less per handle
 _DTYPE_NAMES: dict = {}    # dtype -> its name: ``dtype.name`` is computed in Python (~5 us a call)
 
@@ -196,7 +198,6 @@ class Entry:
                  inplace: bool = False):
         self.name, self.array, self.op, self.compressor, self.handle = name, array, op, compressor, handle
         self.inplace = inplace                   # the result goes into ``array`` itself
-        self.wire: tuple | None = None           # (dtype, count) on the wire, once known (fusion._wire)
         self.payload: np.ndarray | None = None   # a custom compressor's output, made at drain time
         self.ctx: Any = None
         flags = array.flags                      # one flags object: each .flags makes a new one
@@ -218,6 +219,8 @@ class Entry:
         dtype = array.dtype
         self.meta: Meta = (array.shape, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), op._value_,
                            compressor.name)
+        # (dtype, count) on the wire: known now without compression, else at drain (fusion._wire)
+        self.wire: tuple | None = (dtype, array.size) if compressor is _NONE else None
         self.submitted = time.monotonic()
         self.announced = False                   # sent through the slow path (uncached names)
         self.seen: frozenset[int] = _NOBODY      # ranks known ready (timeline ticks)
