@@ -104,6 +104,7 @@ class Engine:
         self._hurry = self.pacer.hurry                    # one bound method for every handle
         self._checked: tuple = (None, None, None, None, None)   # submit's last checked combination
         self._unnamed = 0
+        self._served = False                              # the last cycle completed handles
         self._thread = threading.Thread(target=self._run, name=f"allreduce-engine-rank{self.rank}", daemon=True)
         self._thread.start()
 
@@ -288,7 +289,8 @@ class Engine:
                 start = time.monotonic()
                 if self._cycle():
                     break
-                self.pacer.pause(start, idle=self.negotiator.idle, stopping=lambda: self._stopping)
+                self.pacer.pause(start, idle=self.negotiator.idle, stopping=lambda: self._stopping,
+                                 served=self._served)
         except BaseException as exc:  # noqa: BLE001 - every handle must learn about it
             log.error("rank %d: allreduce engine failed: %s: %s", self.rank, type(exc).__name__, exc)
             error = exc if isinstance(exc, AllreduceError) else AllreduceError(
@@ -325,6 +327,7 @@ class Engine:
                 self._finish(entry, stall_error(name, ready, missing, self.config.stall_shutdown_time,
                                                 out.out_of_step))
         ready = [self.pending.pop(name) for name in out.ready]
+        self._served = bool(ready)
         for batch in plan(ready, self.config.fusion_threshold, self.direct_bytes):
             if self.timeline is not None:
                 self.timeline.spans([e.name for e in batch.entries], "WAIT_FOR_BATCH", agreed, time.monotonic())
