@@ -353,8 +353,12 @@ class Engine:
             results = self.fusion.run(batch)
             inflight = self._inflight
             for entry, result in results:        # _finish, inlined: ~0.2 us less for each tensor
-                if entry.locked:
-                    entry.release()
+                if entry.locked:                 # Entry.release, inlined
+                    entry.locked = False
+                    try:
+                        entry.array.setflags(write=True)
+                    except ValueError:           # its base became read-only meanwhile: leave it
+                        pass
                 inflight.discard(entry.name)
                 if isinstance(result, BaseException):
                     entry.handle._fail(result)

@@ -188,14 +188,10 @@ class Fusion:
         results: list[tuple[Entry, object]] = []
         if plain:
             # A 1-D tensor's result is its slice of the buffer as it is (Entry.flat is the array
-            # itself then); others get their shape back. One view each, no copy.
-            start = 0
-            for e, stop in zip(entries, offsets[1:]):
-                part = buf[start:stop]
-                start = stop
-                array = e.array
-                results.append((e, e.output(part) if e.inplace else part if e.flat is array
-                                else part.reshape(array.shape)))
+            # itself then, never for in place); others get their shape back. One view each, no copy.
+            parts = [buf[a:b] for a, b in zip(offsets, offsets[1:])]
+            results = [(e, part if e.flat is e.array else e.output(part) if e.inplace
+                        else part.reshape(e.array.shape)) for e, part in zip(entries, parts)]
             if self.timeline is not None:
                 self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)
             return results
