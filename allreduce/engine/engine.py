@@ -60,6 +60,14 @@ log = logging.getLogger("allreduce.engine")
 
 
 
+def _drop_copies(entry: Entry) -> None:
+    """A finished entry is its caller's handle from now on: let go of what the engine made for it
+    (a contiguous copy, a compressor's payload), which the caller may hold much longer."""
+    if not entry.shares:
+        entry.flat = entry.array
+    entry.payload = entry.ctx = None
+
+
 class Engine:
     """The background allreduce engine of one rank, over ``transport``.
 
@@ -133,9 +141,9 @@ class Engine:
             x, checked = self._check(x, op, compression, inplace)
         if name is not None and (name.__class__ is not str or not name):
             self._check_name(name)
-        handle = Handle(name, self._hurry)
-        self._enqueue(Entry(name, x, checked[3], checked[4], handle, inplace))   # copies a non-contiguous x first
-        return handle
+        entry = Entry(name, x, checked[3], checked[4], self._hurry, inplace)   # copies a non-contiguous x first
+        self._enqueue(entry)
+        return entry                                     # the caller's handle
 
     def _check(self, x, op, compression, inplace: bool) -> tuple:
         """Validate one submit's array, op and compression (raising the user's error); return the
@@ -178,11 +186,10 @@ class Engine:
         self._check_name(name)
         joint = np.concatenate(arrays, axis=None)                # flattens and packs in one pass
         shapes = [tuple(a.shape) for a in arrays]
-        handle = Handle(name, self.pacer.hurry)
-        entry = Entry(name, joint, op, compressor, handle, inplace=True)  # our own copy: reduced in it
+        entry = Entry(name, joint, op, compressor, self._hurry, inplace=True)  # our own copy: reduced in it
         entry.meta = (tuple(shapes),) + entry.meta[1:]
         self._enqueue(entry)
-        return GroupHandle(handle, shapes, [a.size for a in arrays])
+        return GroupHandle(entry, shapes, [a.size for a in arrays])
 
     @staticmethod
     def _check_name(name) -> None:
@@ -190,7 +197,7 @@ class Engine:
             raise InvalidArgumentError(f"name must be a non-empty string, got {name!r}")
 
     def _enqueue(self, entry: Entry) -> None:
-        handle, name = entry.handle, entry.name
+        name = entry.name
         with self._lock:
             if self._stopped is not None or self._stopping:
                 entry.release()                                  # refused: the caller's array is its own again
@@ -198,7 +205,7 @@ class Engine:
                                     + (f" ({self._stopped})" if self._stopped else "")
                                     + "; call ar.init() again to restart it")
             if name is None:
-                entry.name = handle.name = name = f"allreduce.noname.{self._unnamed}"
+                entry.name = name = f"allreduce.noname.{self._unnamed}"
                 self._unnamed += 1
             if name in self._inflight:
                 entry.release()
@@ -360,10 +367,12 @@ class Engine:
                     except ValueError:           # its base became read-only meanwhile: leave it
                         pass
                 inflight.discard(entry.name)
+                if entry.payload is not None or not entry.shares:
+                    _drop_copies(entry)
                 if isinstance(result, BaseException):
-                    entry.handle._fail(result)
+                    entry._fail(result)
                 else:
-                    entry.handle._set(result)
+                    entry._set(result)
                 finished += 1
         except Exception as exc:  # noqa: BLE001 - every handle of the batch must hear about it
             error = exc if isinstance(exc, AllreduceError) else AllreduceError(
@@ -406,10 +415,11 @@ class Engine:
         # holder waits for the GIL while the submitter waits for the lock), ~20 us per submit.
         entry.release()
         self._inflight.discard(entry.name)
+        _drop_copies(entry)
         if isinstance(result, BaseException):
-            entry.handle._fail(result)
+            entry._fail(result)
         else:
-            entry.handle._set(result)
+            entry._set(result)
 
     def _zeros(self, name: str, meta) -> Entry:
         """A tensor this joined rank never submitted: zeros of the agreed shape (a group's
@@ -418,7 +428,7 @@ class Engine:
         if shape and isinstance(shape[0], tuple):
             shape = (sum(int(np.prod(s, dtype=np.int64)) for s in shape),)
         dtype = next(d for d in SUPPORTED_DTYPES if d.name == dtype_name)
-        return Entry(name, np.zeros(shape, dtype), Op(op), BUILTIN[compressor], Handle(name))
+        return Entry(name, np.zeros(shape, dtype), Op(op), BUILTIN[compressor])
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
