@@ -47,7 +47,7 @@ from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
 from ..transport.base import Transport
 from .compression import BUILTIN, check_compressor, precompress
 from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion, plan
-from .handle import Entry, GroupHandle, Handle
+from .handle import Entry, GroupHandle, Handle, announce
 from .negotiation import Negotiator
 from .pacing import Pacer, tight_timer_slack
 from .reducer import Reducer
@@ -369,11 +369,14 @@ class Engine:
                 inflight.discard(entry.name)
                 if entry.payload is not None or not entry.shares:
                     _drop_copies(entry)
-                if isinstance(result, BaseException):
-                    entry._fail(result)
-                else:
-                    entry._set(result)
+                if not entry._done:              # Handle._set, less its announce: once, below
+                    if isinstance(result, BaseException):
+                        entry._error = result
+                    else:
+                        entry._result = result
+                    entry._done = True
                 finished += 1
+            announce()
         except Exception as exc:  # noqa: BLE001 - every handle of the batch must hear about it
             error = exc if isinstance(exc, AllreduceError) else AllreduceError(
                 f"rank {self.rank}: reducing {', '.join(repr(e.name) for e in batch.entries[:4])} failed: "

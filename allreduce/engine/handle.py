@@ -21,7 +21,7 @@ import numpy as np
 from ..ops import Op
 from .compression import Compression
 
-__all__ = ["Handle", "GroupHandle", "GroupedHandle", "Entry", "Meta"]
+__all__ = ["Handle", "GroupHandle", "GroupedHandle", "Entry", "Meta", "announce"]
 
 #: What every rank must agree on for one name: (shape, dtype name, op, compressor name).
 Meta = tuple
@@ -29,7 +29,17 @@ Meta = tuple
 
 _NOBODY: frozenset = frozenset()
 _NONE = Compression.none
-_new_lock = threading.Lock           # a module global: one lookup less per handle
+
+_DONE = threading.Condition()
+"""Announces completed handles: every blocked :meth:`Handle.wait` sleeps on it and rechecks its own."""
+
+
+def announce() -> None:
+    """Wake every blocked :meth:`Handle.wait` to recheck its handle (after handles were completed)."""
+    with _DONE:
+        _DONE.notify_all()
+
+
 _DTYPE_NAMES: dict = {}    # dtype -> its name: ``dtype.name`` is computed in Python (~5 us a call)
 
 
@@ -43,19 +53,18 @@ def _dtype_name(dtype: np.dtype) -> str:
 class Handle:
     """The future result of one asynchronous allreduce.
 
-    Completion is a lock held from creation until the result is set: a
-    waiter blocks acquiring it (and releases it at once, for other waiters).
-    A ``threading.Event`` did the same at ~6 us per handle, a noticeable part
-    of submitting a thousand small tensors.
+    Completion is a flag and one condition shared by every handle (:data:`_DONE`): a waiter
+    sleeps on the condition until its handle's flag is set, and the engine announces once per
+    finished batch, not once per tensor. A lock per handle, held from creation until the
+    result was set, cost ~0.15 us per tensor (allocated, acquired, released); a
+    ``threading.Event`` ~6 us.
     """
 
-    __slots__ = ("name", "_lock", "_done", "_result", "_error", "_on_wait")
+    __slots__ = ("name", "_done", "_result", "_error", "_on_wait")
 
     def __init__(self, name: str, on_wait=None):
         self.name = name
         self._on_wait = on_wait            # on_wait(+1) when a caller blocks on this handle, (-1) after
-        self._lock = lock = _new_lock()
-        lock.acquire()
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -83,9 +92,7 @@ class Handle:
             if on_wait is not None:
                 on_wait(1)
             try:
-                if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-                    raise TimeoutError(f"allreduce of {self.name!r} not done after {timeout:g} s")
-                self._lock.release()
+                self._block(timeout)
             finally:
                 if on_wait is not None:
                     on_wait(-1)
@@ -93,26 +100,31 @@ class Handle:
             raise self._error
         return self._result
 
+    def _block(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        with _DONE:
+            while not self._done:
+                if deadline is None:
+                    _DONE.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"allreduce of {self.name!r} not done after {timeout:g} s")
+                _DONE.wait(left)
+
     def _set(self, result: Any) -> None:
-        if not self._done:               # _complete, inlined: the engine sets a thousand in a row
+        """Complete with ``result`` and wake the waiters. (A batch sets each handle's ``_result``
+        and ``_done`` itself, then calls :func:`announce` once.)"""
+        if not self._done:
             self._result = result
             self._done = True
-            try:
-                self._lock.release()
-            except RuntimeError:
-                pass
+            announce()
 
     def _fail(self, error: BaseException) -> None:
         if not self._done:
             self._error = error
-            self._complete()
-
-    def _complete(self) -> None:
-        self._done = True
-        try:
-            self._lock.release()
-        except RuntimeError:       # completed twice at once (shutdown racing a stuck engine): done is done
-            pass
+            self._done = True
+            announce()
 
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "done" if self.done() else "pending"
@@ -201,8 +213,6 @@ class Entry(Handle):
                  inplace: bool = False):
         # Handle.__init__, inlined (a call less per tensor)
         self._on_wait = on_wait
-        self._lock = lock = _new_lock()
-        lock.acquire()
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
