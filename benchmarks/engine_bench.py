@@ -138,9 +138,13 @@ def bench_fusion(ar, args, mpi) -> list[dict]:
 
 
 def _bare_handles(handle_class, names, results) -> None:
+    """Handles made, completed as the engine completes a batch (each one's result and flag set,
+    then one announcement), and waited on."""
+    from allreduce.engine.handle import announce
     handles = [handle_class(n) for n in names]
     for h, x in zip(handles, results):
-        h._set(x)
+        h._result, h._done = x, True
+    announce()
     for h in handles:
         h.wait()
 
