@@ -366,8 +366,6 @@ class Engine:
 
     def _run_batch(self, batch) -> None:
         """Reduce one fused batch; an error fails that batch's handles, never leaves them waiting."""
-        results: list = []
-        finished = 0
         try:
             results = self.fusion.run(batch)
             inflight = self._inflight
@@ -387,16 +385,15 @@ class Engine:
                     else:
                         entry._result = result
                     entry._done = True
-                finished += 1
             announce()
         except Exception as exc:  # noqa: BLE001 - every handle of the batch must hear about it
             error = exc if isinstance(exc, AllreduceError) else AllreduceError(
                 f"rank {self.rank}: reducing {', '.join(repr(e.name) for e in batch.entries[:4])} failed: "
                 f"{type(exc).__name__}: {exc}")
-            done = {id(entry) for entry, _ in results[:finished]}
             for entry in batch.entries:
-                if id(entry) not in done:
+                if not entry._done:              # not finished above
                     self._finish(entry, error)
+            announce()                           # those finished above, too
             if isinstance(exc, TransportError):
                 raise                         # the ranks may be out of step: stop the engine everywhere
 

@@ -34,6 +34,8 @@ from typing import Callable
 
 __all__ = ["Pacer", "tight_timer_slack", "IDLE_CYCLES", "IDLE_FACTOR", "BURST_GAP"]
 
+_monotonic = time.monotonic   # a module global: one attribute lookup less per submit
+
 IDLE_CYCLES = 1      # one cycle with nothing pending anywhere, and cycles stretch
 IDLE_FACTOR = 20
 BURST_GAP = 0.2      # x cycle_time: a cycle starts once submits have paused this long
@@ -62,7 +64,7 @@ class Pacer:
 
     def submitted(self) -> None:
         """A tensor was queued (any thread): wake the engine, which waits for the burst to end."""
-        self._last_submit = time.monotonic()
+        self._last_submit = _monotonic()
         if not self._wake.is_set():          # Event.set takes a lock and notifies: only when it is needed
             self._wake.set()
 
