@@ -220,6 +220,26 @@ def test_rank_masks_span_several_words_beyond_63_ranks():
     assert neg._ranks(neg._full) == frozenset(range(130))
 
 
+def test_partial_names_get_the_ranks_of_their_own_mask():
+    """Negotiation reads each partial name's ready ranks from its mask (computed once per distinct
+    mask): rank 0 of 3, where rank 2 is ready for the even names and no peer for the odd ones."""
+    from allreduce.engine.compression import Compression
+    from allreduce.engine.handle import Entry
+    from allreduce.engine.negotiation import Negotiator
+    names = [f"t{i}" for i in range(7)]
+    neg = Negotiator(0, 3, lambda vec, op: None, lambda records: [records] * 3)
+    entries = {n: Entry(n, np.ones(2, np.float32), Op.SUM, Compression.none) for n in names}
+    assert neg.negotiate(entries, shutdown=False, cutoff=-1).ready == names     # now cached everywhere
+
+    def peers(vec, op):                               # rank 2's bits: the even cache positions
+        vec[4 + np.array([neg.positions[n] for n in names[::2]])] |= 1 << 2
+    neg._allreduce, neg.tiny = peers, False
+    entries = {n: Entry(n, np.ones(2, np.float32), Op.SUM, Compression.none) for n in names}
+    out = neg.negotiate(entries, shutdown=False, cutoff=-1)
+    assert out.ready == [] and sorted(neg.partial) == names
+    assert all(neg.partial[n][2] == ({0, 2} if i % 2 == 0 else {0}) for i, n in enumerate(names))
+
+
 def test_a_waiting_caller_ends_the_burst_and_fused_results_leave_inputs_alone():
     """The engine waits for submits to pause (BURST_GAP x cycle_time) before a cycle, unless a caller
     already blocks on a handle: then it starts at once. A plain fused batch is reduced in its packed

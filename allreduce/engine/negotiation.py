@@ -186,9 +186,15 @@ class Negotiator:
             full = (masks == self._full).all(axis=1)        # ready on every rank
             ready += [names[pos] for pos in np.flatnonzero(full).tolist()]
             ranks.update(dict.fromkeys(ready, everyone))
-            for pos in np.flatnonzero(masks.any(axis=1) & ~full).tolist():
+            partial = np.flatnonzero(masks.any(axis=1) & ~full)
+            seen: dict[tuple, frozenset[int]] = {}          # a mask's ranks, once per distinct mask
+            for pos, row in zip(partial.tolist(), masks[partial].tolist()):
+                key = tuple(row)
+                who = seen.get(key)
+                if who is None:
+                    who = seen[key] = self._ranks(masks[pos])
                 name = names[pos]
-                partial_now[name] = ranks[name] = self._ranks(masks[pos])
+                partial_now[name] = ranks[name] = who
         if vec[_SLOW]:                                      # 2. new names
             self.stats["slow"] += 1
             records = [(e.name, e.meta) for e in new] + ([(None, ())] if joining else [])
@@ -295,9 +301,12 @@ class Negotiator:
 
     def _track_partial(self, partial_now: dict[str, frozenset[int]], cutoff: int, out: Outcome) -> None:
         """Remember since when each name is partial; apply rank 0's stall cutoff."""
-        now = time.monotonic()
-        self.partial = {name: self.partial.get(name, (self.cycle, now))[:2] + (ranks,)
-                        for name, ranks in partial_now.items()}
+        old, fresh = self.partial, (self.cycle, time.monotonic())
+        partial = {}
+        for name, ranks in partial_now.items():
+            since = old.get(name, fresh)
+            partial[name] = (since[0], since[1], ranks)
+        self.partial = partial
         if cutoff < 0:
             return
         out.out_of_step = out_of_step(self.partial, self.size)      # the same text on every rank
