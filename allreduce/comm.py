@@ -52,7 +52,7 @@ _AUTO = _ALGO_CODES["auto"]
 #: the collective, so they meet there and fail at once, not at the transport timeout.
 COLLECTIVES = ("allreduce", "broadcast", "broadcast_object", "allgather", "allgather_object",
                "reducescatter", "alltoall", "barrier", "shared_empty", "remove_process_set")
-_COLLECTIVE = {name: code for code, name in enumerate(COLLECTIVES)}
+_COLLECTIVE = {name: code for code, name in enumerate(COLLECTIVES)}   # allreduce is 0: its heads spell it
 _FIELDS = ("collective", "count", "dtype", "op", "algorithm", "root_rank", "shared", "call")  # "call": set here
 _SHOW = {"collective": lambda c: COLLECTIVES[c],
          "dtype": lambda c: str(np.dtype(_dtype_name(c))), "op": lambda c: repr(Op(c)),

@@ -90,8 +90,8 @@ def scaled(a: np.ndarray, factor: float) -> np.ndarray:
     return a if factor == 1.0 else np.asarray(a * factor).astype(a.dtype, copy=False)
 
 
-def _call(what: str, fn, xs: list, dtypes: list, shapes: list, comm=None) -> list:
-    ys = _numpy_call(what, in_step(fn, comm) if comm is not None else fn, xs, dtypes)
+def _call(what: str, fn, xs: list, dtypes: list, shapes: list, comm) -> list:
+    ys = _numpy_call(what, in_step(fn, comm), xs, dtypes)     # fn on ``comm``: in step on the world
     for y, shape in zip(ys, shapes):
         y.set_shape(shape)
     return ys
@@ -112,7 +112,7 @@ def _reduce(x, op, pre: float, post: float, ps):
 
     def raw(x):
         return _call("allreduce", lambda a: scaled(comm.allreduce(scaled(a, pre), op), post),
-                     [x], [x.dtype], [x.shape])[0]
+                     [x], [x.dtype], [x.shape], comm)[0]
     if not x.dtype.is_floating:
         return raw(x)
 
@@ -200,7 +200,7 @@ def broadcast_in_set(tensor, root_rank, process_set=None, **_ignored):
     x = tf.convert_to_tensor(tensor)
 
     def raw(x):
-        return _call("broadcast", lambda a: comm.broadcast(a, root), [x], [x.dtype], [x.shape])[0]
+        return _call("broadcast", lambda a: comm.broadcast(a, root), [x], [x.dtype], [x.shape], comm)[0]
     if not x.dtype.is_floating:
         return raw(x)
 

@@ -257,11 +257,6 @@ class Entry(Handle):
             np.copyto(self.flat, flat_result)
         return self.array
 
-    @property
-    def handle(self) -> Handle:
-        """The caller's handle: the entry itself."""
-        return self
-
     def release(self) -> None:
         """Give the caller its array back (writeable again, if it was)."""
         if self.locked:
