@@ -275,6 +275,19 @@ def test_submit_after_shutdown_raises_on_every_rank_and_pending_handles_fail():
                 e.submit(np.ones(2), name="late")
 
 
+def test_a_submit_to_an_engine_a_peers_death_stopped_is_known_as_that_death():
+    # elastic.run tells a death from other errors by the type (liveness) or, through TensorFlow,
+    # by the text: a later submit's ShutdownError carries both
+    from allreduce.errors import PeerLostError
+    from allreduce.transport.liveness import is_peer_failure
+    with engines(2) as engs:
+        engs[0]._fail_all(PeerLostError("rank 0: rank(s) 1 died while this rank waited for a peer"))
+        with pytest.raises(ShutdownError, match="rank 0: the allreduce engine is shut down "
+                                                r"\(PeerLostError: rank 0: rank\(s\) 1 died") as info:
+            engs[0].submit(np.ones(2), name="late")
+        assert is_peer_failure(info.value) and not is_peer_failure(ShutdownError("shut down"))
+
+
 # -- a rank dies or raises under allreduce-run (real processes) -------------------------------------
 BOUND = 30.0   # seconds from the fault until every survivor is gone and the launcher has returned
 

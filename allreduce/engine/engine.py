@@ -214,9 +214,12 @@ class Engine:
         caller's array is its own again); name an unnamed tensor. Returns its name."""
         if self._stopped is not None or self._stopping:
             entry.release()
+            # the reason's type in the text and as the cause: an elastic run knows a peer's death
+            # by them (tfops' by the text, which is all TensorFlow keeps of a callback's error)
+            why = self._stopped
             raise ShutdownError(f"rank {self.rank}: the allreduce engine is shut down"
-                                + (f" ({self._stopped})" if self._stopped else "")
-                                + "; call ar.init() again to restart it")
+                                + (f" ({type(why).__name__}: {why})" if why else "")
+                                + "; call ar.init() again to restart it") from why
         name = entry.name
         if name is None:
             entry.name = name = f"allreduce.noname.{self._unnamed}"

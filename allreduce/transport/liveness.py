@@ -49,8 +49,9 @@ _ULFM_CLASSES = frozenset(getattr(MPI, name) for name in
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is ULFM's word for a dead peer or a revoked communicator."""
-    if isinstance(exc, PeerLostError):
+    """Whether ``exc`` is ULFM's word for a dead peer or a revoked communicator (or was raised
+    because of one: an engine a peer's death stopped refuses later submits ``from`` it)."""
+    if isinstance(exc, PeerLostError) or isinstance(exc.__cause__, PeerLostError):
         return True
     if isinstance(exc, MPI.Exception):
         try:
