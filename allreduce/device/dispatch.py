@@ -3,7 +3,7 @@
 :func:`allreduce` validates the call, makes the input's GPU current, and
 takes the first path that applies (see :mod:`allreduce.device`): p == 1,
 direct (:mod:`.cuda_aware`), CUDA IPC (:mod:`.ipc`), else staging
-(:mod:`.staging`). :class:`_State` keeps what those paths reuse between
+(:mod:`.staging`). :class:`~.state._State` keeps what those paths reuse between
 calls, one per communicator workspace: a stream per GPU, the pinned host
 buffer, and the IPC scratch buffer and peer mappings.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import warnings
-import weakref
 from typing import Any
 
 import numpy as np
@@ -25,38 +24,9 @@ from .arrays import _Input
 from .cuda_aware import direct_mpi
 from .ipc import ipc_allreduce
 from .staging import DeviceStaging
+from .state import _state
 
 __all__ = ["allreduce"]
-
-
-class _State:
-    """Per-communicator device resources, kept between calls: stream, pinned buffer, IPC maps."""
-
-    def __init__(self):
-        self.streams: dict[int, Any] = {}
-        self.pinned: np.ndarray | None = None
-        self.scratch: dict[int, Any] = {}        # device -> (IPC-exported device buffer, handle bytes)
-        self.peers: dict[int, tuple] = {}        # peer rank -> (handle bytes, IPC handle, mapped array)
-
-    def stream(self, device_id: int):
-        if device_id not in self.streams:
-            self.streams[device_id] = cuda.stream()
-        return self.streams[device_id]
-
-    def host(self, nbytes: int) -> np.ndarray:
-        """Pinned (page-locked) host bytes, grown in powers of two: DMA needs no bounce copy."""
-        if self.pinned is None or self.pinned.nbytes < nbytes:
-            self.pinned = cuda.pinned_array(1 << max(12, (nbytes - 1).bit_length()), np.uint8)
-        return self.pinned[:nbytes]
-
-
-_STATES: "weakref.WeakKeyDictionary[Any, _State]" = weakref.WeakKeyDictionary()
-
-
-def _state(workspace) -> _State:
-    if workspace not in _STATES:
-        _STATES[workspace] = _State()
-    return _STATES[workspace]
 
 
 def allreduce(x: Any, op: Op, *, comm, algorithm: str | None, inplace: bool):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import cuda
@@ -26,9 +25,7 @@ from ..config import ALGORITHM_NAMES
 from ..kernels import cuda as dk
 from ..ops import Op, dtype_code
 from ..transport.base import Transport
-
-if TYPE_CHECKING:
-    from .dispatch import _State
+from .state import _State
 
 __all__ = ["ipc_allreduce"]
 
