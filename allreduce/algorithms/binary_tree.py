@@ -1,7 +1,8 @@
 """The double binary tree of NCCL 2.4: two binary trees over the same p ranks, no rank interior in both.
 
 :mod:`.tree` reduces up and broadcasts down these two trees, each over half
-of the buffer; this module only builds them. Tree 0 is the in-order binary
+of the buffer; this module builds them, and says what one rank does in
+each (:class:`Role`) and how the two ends of the top edge finish (:func:`finish_top`). Tree 0 is the in-order binary
 tree on rank numbers (NCCL's ncclGetBtree): a rank's level is its lowest set
 bit, so odd ranks are leaves, and rank 0 is a root with one child. Tree 1 is
 its mirror r -> m - 1 - r, which swaps odd and even ranks (both are drawn
@@ -16,10 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
+from typing import NamedTuple
 
+import numpy as np
+
+from .. import kernels
 from ..errors import InvalidArgumentError
+from ..ops import Op
 
-__all__ = ["Tree", "double_binary_tree"]
+__all__ = ["Tree", "double_binary_tree", "Role", "role_of", "finish_top"]
+
+TAG = 20     # tree t reduces on TAG + 2t and broadcasts on TAG + 2t + 1
+UP, DOWN = TAG + 4, TAG + 5   # the one-segment path's two phases (see tree_small.one_segment)
+SWAP = TAG + 6                # tree t's top edge swaps on SWAP + t, in every path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,3 +109,46 @@ def double_binary_tree(p: int) -> tuple[Tree, Tree]:
         first.append(0)
         mirror.append(m - 1)
     return _tree(first), _tree(mirror)
+
+
+class Role(NamedTuple):
+    """This rank's part in one tree: whom it talks to and which segments of its half it moves.
+
+    ``children`` hand partial sums up and get finished segments back; for the root they leave
+    out its partner. ``up`` gets this rank's partial sum and ``parent`` sends the finished
+    segments (both -1 at the top). ``partner`` is the other end of the top edge (-1 if this
+    rank is not at the top), and ``first`` says this rank is the root, whose partial is the
+    left operand of the final reduction."""
+    parent: int
+    up: int
+    children: tuple[int, ...]
+    partner: int
+    first: bool
+    segs: tuple[tuple[int, int], ...]
+    up_tag: int
+    down_tag: int
+    swap_tag: int
+
+
+def role_of(tree: Tree, rank: int, t: int, segs: tuple[tuple[int, int], ...], up_tag: int, down_tag: int) -> Role:
+    root = tree.root
+    partner = tree.children[root][0]            # the root's first child: the deepest subtree
+    swap = SWAP + t
+    if rank == root:
+        return Role(-1, -1, tree.children[rank][1:], partner, True, segs, up_tag, down_tag, swap)
+    if rank == partner:
+        return Role(-1, -1, tree.children[rank], root, False, segs, up_tag, down_tag, swap)
+    parent = tree.parent[rank]
+    return Role(parent, parent, tree.children[rank], -1, False, segs, up_tag, down_tag, swap)
+
+
+def finish_top(mine: np.ndarray, theirs: np.ndarray, op: Op, p: int, first: bool) -> None:
+    """The top edge's final reduction into ``mine``: ``root (op) partner`` on both ends.
+
+    The root computes ``mine (op) theirs``; the partner ``theirs (op) mine``, with ``theirs``
+    (the root's partial) first, so Min and Max pick the same zero or NaN on both ends."""
+    if first:
+        kernels.reduce_finish_into(mine, theirs, op, p)
+    elif not kernels.reduce_finish_into_both(theirs, mine, mine, op, p):
+        kernels.reduce_finish_into(theirs, mine, op, p)          # 16-bit formats: two passes
+        kernels.copy_into(mine, theirs)

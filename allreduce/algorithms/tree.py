@@ -70,14 +70,13 @@ with only log p latency before the pipeline fills.
 
 At p = 2 both trees are the one edge between the two ranks, and each rank is
 the root of one half and the partner in the other: one segment is then a
-single swap of the whole buffer (:func:`_pair`), one ``exchange`` call,
+single swap of the whole buffer (:func:`.tree_small.pair`), one ``exchange`` call,
 which on one node goes through the transport's shared-memory mailboxes.
 That is recursive doubling's one round; plain reduce-then-broadcast takes two.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
 
 import numpy as np
 
@@ -85,62 +84,15 @@ from .. import kernels, partition
 from ..buffers import Workspace
 from ..ops import Op
 from ..transport.base import Transport, wait_all
-from .binary_tree import Tree, double_binary_tree
+from .binary_tree import TAG, Role, Tree, double_binary_tree, finish_top, role_of
+from .tree_small import one_segment, pair, pair_plan, small_plan
 
-__all__ = ["allreduce", "double_binary_tree", "Tree"]
-
-TAG = 20     # tree t reduces on TAG + 2t and broadcasts on TAG + 2t + 1
-UP, DOWN = TAG + 4, TAG + 5   # the one-segment path's two phases (see _one_segment)
-SWAP = TAG + 6                # tree t's top edge swaps on SWAP + t, in every path
 DEPTH = 2    # receive slots in flight per source: one being reduced, one arriving
 
-
-class _Role(NamedTuple):
-    """This rank's part in one tree: whom it talks to and which segments of its half it moves.
-
-    ``children`` hand partial sums up and get finished segments back; for the root they leave
-    out its partner. ``up`` gets this rank's partial sum and ``parent`` sends the finished
-    segments (both -1 at the top). ``partner`` is the other end of the top edge (-1 if this
-    rank is not at the top), and ``first`` says this rank is the root, whose partial is the
-    left operand of the final reduction."""
-    parent: int
-    up: int
-    children: tuple[int, ...]
-    partner: int
-    first: bool
-    segs: tuple[tuple[int, int], ...]
-    up_tag: int
-    down_tag: int
-    swap_tag: int
-
-
-def _role(tree: Tree, rank: int, t: int, segs: tuple[tuple[int, int], ...], up_tag: int, down_tag: int) -> _Role:
-    root = tree.root
-    partner = tree.children[root][0]            # the root's first child: the deepest subtree
-    swap = SWAP + t
-    if rank == root:
-        return _Role(-1, -1, tree.children[rank][1:], partner, True, segs, up_tag, down_tag, swap)
-    if rank == partner:
-        return _Role(-1, -1, tree.children[rank], root, False, segs, up_tag, down_tag, swap)
-    parent = tree.parent[rank]
-    return _Role(parent, parent, tree.children[rank], -1, False, segs, up_tag, down_tag, swap)
-
-
-def _finish(mine: np.ndarray, theirs: np.ndarray, op: Op, p: int, first: bool) -> None:
-    """The top edge's final reduction into ``mine``: ``root (op) partner`` on both ends.
-
-    The root computes ``mine (op) theirs``; the partner ``theirs (op) mine``, with ``theirs``
-    (the root's partial) first, so Min and Max pick the same zero or NaN on both ends."""
-    if first:
-        kernels.reduce_finish_into(mine, theirs, op, p)
-    elif not kernels.reduce_finish_into_both(theirs, mine, mine, op, p):
-        kernels.reduce_finish_into(theirs, mine, op, p)          # 16-bit formats: two passes
-        kernels.copy_into(mine, theirs)
-
-
+__all__ = ["allreduce", "double_binary_tree", "Tree"]
 @lru_cache(maxsize=256)
 def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int
-           ) -> tuple[tuple[_Role, _Role], tuple[int, ...], int, int]:
+           ) -> tuple[tuple[Role, Role], tuple[int, ...], int, int]:
     """This rank's two roles, the order to visit the trees in, the longest segment, the step count.
 
     Cached: a training loop repeats the same few sizes, and recomputing this
@@ -153,7 +105,7 @@ def _roles(count: int, itemsize: int, p: int, rank: int, segment_bytes: int
     roles = []
     for t, (tree, (off, n)) in enumerate(zip(double_binary_tree(p), halves)):
         segs = partition.segments(off, n, partition.num_segments(n, itemsize, segment_bytes))
-        roles.append(_role(tree, rank, t, segs, TAG + 2 * t, TAG + 2 * t + 1))
+        roles.append(role_of(tree, rank, t, segs, TAG + 2 * t, TAG + 2 * t + 1))
     order = tuple(sorted(range(2), key=lambda t: len(roles[t].children)))
     seg_len = max(n for role in roles for _, n in role.segs)
     return (roles[0], roles[1]), order, seg_len, max(len(role.segs) for role in roles)
@@ -172,9 +124,9 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     """
     p, rank = comm.size, comm.rank
     if p == 2:
-        pair = _pair_plan(buf.size, buf.itemsize, rank, segment_bytes)
-        if pair is not None:                  # small, two ranks: the latency path, one swap
-            _pair(comm, buf, op, workspace, pair)
+        plan = pair_plan(buf.size, buf.itemsize, rank, segment_bytes)
+        if plan is not None:                  # small, two ranks: the latency path, one swap
+            pair(comm, buf, op, workspace, plan)
             return
     if p == 1 or buf.size == 0:
         kernels.finish(buf, op, p)
@@ -182,7 +134,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
     roles, order, seg_len, nsteps = _roles(buf.size, buf.itemsize, p, rank, segment_bytes)
     if nsteps == 1:
         scratch = workspace.get("tree.slots", 4 * seg_len, buf.dtype)
-        _one_segment(comm, buf, op, scratch, _small_plan(buf.size, p, rank))
+        one_segment(comm, buf, op, scratch, small_plan(buf.size, p, rank))
         return
     slots = workspace.get("tree.slots", 2 * 3 * DEPTH * seg_len, buf.dtype).reshape(2, 3, DEPTH, seg_len)
     # Sources per tree: the children (partial sums, on the up tag), then the partner (on the swap tag).
@@ -221,7 +173,7 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
         for t, dst, sent in swaps:                           # every receive before any send's wait:
             sent.wait()                                      # at p = 3 both swaps join the same two ranks
             j = len(roles[t].children)
-            _finish(dst, slots[t, j, k % DEPTH][:dst.size], op, p, roles[t].first)
+            finish_top(dst, slots[t, j, k % DEPTH][:dst.size], op, p, roles[t].first)
             consumed(t, j, k)
     wait_all(comm, sends)                                    # the broadcast overwrites what was sent
 
@@ -240,118 +192,3 @@ def allreduce(comm: Transport, buf: np.ndarray, op: Op, *, workspace: Workspace,
             for child in role.children:
                 sends.append(comm.isend(buf[off:off + n], child, role.down_tag))  # recvCopySend
     wait_all(comm, sends)
-
-
-class _Small(NamedTuple):
-    """One rank's part in one tree when each half is a single segment: ``buf[off:off + n]``
-    and the :class:`_Role` fields that matter with one segment."""
-    off: int
-    n: int
-    children: tuple[int, ...]
-    up: int
-    parent: int
-    partner: int
-    first: bool
-    swap_tag: int
-
-
-@lru_cache(maxsize=256)
-def _small_plan(count: int, p: int, rank: int) -> tuple[_Small, ...]:
-    """This rank's part in each tree with a non-empty half, fewest children first."""
-    plan = []
-    for t, (tree, (off, n)) in enumerate(zip(double_binary_tree(p), partition.chunks(count, 2))):
-        if n:
-            role = _role(tree, rank, t, (), UP, DOWN)
-            plan.append(_Small(off, n, role.children, role.up, role.parent, role.partner, role.first,
-                               role.swap_tag))
-    return tuple(sorted(plan, key=lambda part: len(part.children)))
-
-
-def _one_segment(comm: Transport, buf: np.ndarray, op: Op, scratch: np.ndarray, plan: tuple[_Small, ...]) -> None:
-    """The pipeline above when each half is one segment (small buffers): the same messages, all
-    receives posted at once. Here the cost is per call into the transport, not per byte.
-
-    One tag per phase is enough (UP, DOWN): no ordered pair of ranks is child and parent in both
-    trees, since parents are even ranks in tree 0 and odd ones in tree 1 (the last rank of an odd p
-    hangs under 0 and under p - 2). The top edges get a tag per tree: at p = 3 both are 0 -- 1."""
-    p = comm.size
-    comm.mark("reduce", 0)
-    used, posted = 0, []
-    for part in plan:                                # every receive of the reduce phase, before any wait
-        peers = [(child, UP) for child in part.children] + ([(part.partner, part.swap_tag)] if part.partner >= 0 else [])
-        reqs = []
-        for peer, tag in peers:
-            slot = scratch[used:used + part.n]
-            used += part.n
-            reqs.append((slot, comm.irecv(slot, peer, tag)))
-        posted.append(reqs)
-    flying, swaps = [], []
-    for part, reqs in zip(plan, posted):             # leaf halves first: they go at once
-        mine = buf[part.off:part.off + part.n]
-        for slot, req in reqs[:len(part.children)]:
-            req.wait()
-            kernels.reduce_into(mine, slot, op)
-        if part.partner >= 0:
-            swaps.append((part, mine, reqs[-1], comm.isend(mine, part.partner, part.swap_tag)))
-        else:
-            flying.append(comm.isend(mine, part.up, UP))         # my partial sum goes up
-    for _, _, (_, req), _ in swaps:                   # every receive before any send's wait (the sends
-        req.wait()                                   # read `mine`): at p = 3 both swaps join 0 and 1
-    for part, mine, (slot, _), sent in swaps:
-        sent.wait()
-        _finish(mine, slot, op, p, part.first)
-    wait_all(comm, flying)                                       # the broadcast overwrites what went up
-
-    # Broadcast: finished halves come down from the parents; the top and interior ranks forward theirs.
-    comm.mark("broadcast", 0)
-    for part in reversed(plan):
-        mine = buf[part.off:part.off + part.n]
-        if part.parent >= 0:
-            comm.recv(mine, part.parent, DOWN)                   # the finished half, before forwarding
-        flying.extend(comm.isend(mine, child, DOWN) for child in part.children)
-    wait_all(comm, flying)
-
-
-class _Pair(NamedTuple):
-    """At p = 2 with one segment per half: this rank's root half ``buf[mine_lo:mine_hi]`` and the
-    half ``buf[other_lo:other_hi]`` where it is the root's partner."""
-    mine_lo: int
-    mine_hi: int
-    other_lo: int
-    other_hi: int
-
-
-@lru_cache(maxsize=256)
-def _pair_plan(count: int, itemsize: int, rank: int, segment_bytes: int) -> _Pair | None:
-    """:class:`_Pair` for ``count`` elements at p = 2, or None where :func:`_pair` does not apply
-    (nothing to reduce, or a half longer than one segment: the pipeline)."""
-    if count == 0:
-        return None
-    (off0, n0), (off1, n1) = partition.chunks(count, 2)
-    if max(partition.num_segments(n, itemsize, segment_bytes) for n in (n0, n1)) > 1:
-        return None
-    tree0, _ = double_binary_tree(2)       # tree 0 has root 0 and carries the first half
-    if rank == tree0.root:
-        return _Pair(off0, off0 + n0, off1, off1 + n1)
-    return _Pair(off1, off1 + n1, off0, off0 + n0)
-
-
-def _pair(comm: Transport, buf: np.ndarray, op: Op, workspace: Workspace, plan: _Pair) -> None:
-    """:func:`_one_segment` at p = 2, where both trees are the top edge between the two ranks:
-    each rank is the root of one half and the partner in the other, so both swaps are one::
-
-        swap:    my whole buffer -> peer       peer's whole buffer -> slot
-        finish:  my root half   = mine (op) peer's      (the root's operand first)
-                 my other half  = peer's (op) mine      (the peer is that half's root)
-
-    One ``exchange`` call (the transport's fast swap: shared-memory mailboxes on one node), and
-    for the native dtypes one kernel call that finishes both halves, each in its own order.
-    The plan is four cached offsets: at a few microseconds per call, building slices and role
-    tables in Python would cost as much as the swap."""
-    mine_lo, mine_hi, other_lo, other_hi = plan     # one unpack: a named field read is a call each
-    slot = workspace.get("tree.slots", buf.size, buf.dtype)
-    comm.mark("reduce", 0)
-    comm.exchange(buf, slot, 1 - comm.rank, SWAP)
-    if not kernels.reduce_finish_split_into(buf, slot, mine_lo, mine_hi, op, 2):   # both halves, one call
-        _finish(buf[mine_lo:mine_hi], slot[mine_lo:mine_hi], op, 2, True)
-        _finish(buf[other_lo:other_hi], slot[other_lo:other_hi], op, 2, False)

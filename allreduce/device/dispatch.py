@@ -13,7 +13,6 @@ import functools
 import warnings
 from typing import Any
 
-import numpy as np
 from numba import cuda
 
 from ..config import ALGORITHM_NAMES
