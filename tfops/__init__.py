@@ -45,6 +45,8 @@ ProcessSet(ranks), add_process_set, remove_process_set, global_process_set,
 process_set_included_op, init(process_sets=...), and process_set= on every collective
 (tfops.process_sets).
 
+optimizers.LARS (layer-wise adaptive rate scaling, not in Horovod: tfops.optimizers.lars).
+
 join() (for uneven data: tfops.ops.join, allreduce.join) and op=Adasum on allreduce,
 grouped_allreduce, DistributedGradientTape and DistributedOptimizer (allreduce/algorithms/adasum.py).
 
@@ -80,6 +82,7 @@ from .process_sets import (NotInProcessSetError, ProcessSet, add_process_set, gl
                            process_set_included_op, remove_process_set, with_process_set)
 from . import process_sets as _sets
 from . import elastic   # hvd.elastic: run, TensorFlowKerasState, TensorFlowState (issue 25)
+from . import optimizers   # not in Horovod: LARS for large batches (Keras 3 has Lamb, not LARS; issue 34)
 
 # process_set= on the world ops (the global set, the default, runs them unchanged)
 allreduce = with_process_set(allreduce, _sets.allreduce_in_set)
@@ -99,7 +102,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "start_timeline", "stop_timeline", "size_op", "rank_op", "local_size_op", "local_rank_op",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
            "ccl_built", "rocm_built", "ddl_built", "sycl_built", "cuda_built", "is_homogeneous", "cross_size",
-           "cross_rank"]
+           "cross_rank", "optimizers"]
 
 
 def init(comm=None, process_sets=None, **settings) -> None:
