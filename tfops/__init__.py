@@ -75,6 +75,7 @@ from .queries import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported,
                       nccl_built, rank_op, rocm_built, size_op, sycl_built)
 from .optimizer import DistributedOptimizer
+from .sharding import ShardedOptimizer   # not in Horovod: ZeRO stage 1 and 2 (issue 33)
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .sync_batch_norm import SyncBatchNormalization
 from .collectives import alltoall, grouped_allgather, grouped_reducescatter, reducescatter
@@ -93,7 +94,7 @@ broadcast = with_process_set(broadcast, _sets.broadcast_in_set)
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Sum", "Average", "Min", "Max", "Adasum", "Compression", "allreduce", "grouped_allreduce",
            "allgather", "broadcast", "broadcast_variables", "broadcast_object", "allgather_object", "join",
-           "DistributedGradientTape", "DistributedOptimizer", "GradientHooks", "XlaNotSupportedError",
+           "DistributedGradientTape", "DistributedOptimizer", "ShardedOptimizer", "GradientHooks", "XlaNotSupportedError",
            "alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter",
            "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
            "process_set_included_op", "NotInProcessSetError",
