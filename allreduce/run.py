@@ -18,8 +18,9 @@ no system MPI is needed), and adds what a user would otherwise look up:
   process group is killed, so no rank is left orphaned.
 
 Across hosts it relies on mpirun's own host handling (``-H``,
-``--hostfile``). ``--elastic [--min-np M] [--max-np K]`` starts a job that
-survives the death of ranks (Open MPI's ULFM; allreduce/elastic/launch.py).
+``--hostfile``). ``--elastic [--min-np M] [--max-np K] [--reset-limit N]`` starts a job that
+survives the death of ranks, and ranks whose training function raises (Open MPI's ULFM;
+allreduce/elastic/launch.py).
 ``--cluster`` launches over the namespace hosts of
 ``allreduce-cluster up`` (allreduce/cluster/): ranks spread evenly, each
 host on its own cores. ``--dry-run`` prints the mpirun command instead of running it.
@@ -51,7 +52,8 @@ _FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH")
 # mpirun options that take values, so "--mca btl tcp,self" is not mistaken for the command.
 _TAKES = {"--mca": 2, "--prtemca": 2, "-x": 1, "--map-by": 1, "--bind-to": 1, "--rank-by": 1,
           "-H": 1, "--host": 1, "--hostfile": 1, "--machinefile": 1, "-wdir": 1, "--wdir": 1,
-          "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1, "--min-np": 1, "--max-np": 1}
+          "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1, "--min-np": 1, "--max-np": 1,
+          "--reset-limit": 1}
 GRACE_SECONDS = 10.0
 # How Open MPI 5 names a failed process: "[prterun-host-123@1,3]" is rank 3, and
 # "process rank 3 with PID ..." in its signal report.
@@ -175,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     seen: list[str] = []
 
     def relay() -> None:
-        # Pass mpirun's stderr through unchanged, keeping the lines that say who failed.
+        # Pass mpirun's stderr through, keeping the lines that say who failed. Open MPI 5.0.11's
+        # prterun ends a forwarded help message (the ULFM "osc sm" warning) with the C string's
+        # terminating NUL: dropped here, so a terminal or a log never sees a \0.
         for line in proc.stderr:
+            line = line.replace("\0", "")
             sys.stderr.write(line)
             sys.stderr.flush()
             if len(seen) < 10_000:

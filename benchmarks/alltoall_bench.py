@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                 blocks[name].append(f"{size:<10d}{us.mean():>18.2f}{us.min():>18.2f}{us.max():>18.2f}"
                                     f"{args.iters:>12d}")
     if rank == 0:
-        print("# " + " ".join(["mpirun -np", str(p), "python", *sys.argv]))
+        print("# " + " ".join(["allreduce-run -np", str(p), "python", *sys.argv]))
         for name, rows in blocks.items():
             print(f"\n# OSU MPI All-to-All Personalized Exchange Latency Test ({name}, {p} ranks)")
             print(f"# {'Size':<8}{'Avg Latency(us)':>18}{'Min Latency(us)':>18}{'Max Latency(us)':>18}"

@@ -259,7 +259,10 @@ def machine_header(desc: dict[str, Any]) -> list[str]:
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
-    """The command that is running, as a user would retype it (with the launcher if known)."""
+    """The command that is running, as a user would retype it (with the launcher if known).
+
+    The launcher is spelled ``allreduce-run``: it passes mpirun's flags through and adds the
+    root and oversubscribe ones, so the printed command also runs as root (bare mpirun refuses)."""
     argv = sys.argv if argv is None else argv
     size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
     # Settings that change what is measured: our own (allreduce.config's variables) and the MPI transport chosen
@@ -269,7 +272,7 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     mca = "".join(f"--mca {name} {shlex.quote(os.environ['OMPI_MCA_' + name])} " for name in _SHOWN_MCA
                   if "OMPI_MCA_" + name in os.environ     # and not allreduce's own default: no user's choice
                   and os.environ["OMPI_MCA_" + name] != OPEN_MPI_DEFAULTS.get("OMPI_MCA_" + name))
-    launcher = f"mpirun {mca}-np {size} " if size else ""
+    launcher = f"allreduce-run {mca}-np {size} " if size else ""     # runs as root too (docs/README.md)
     return env + launcher + "python " + " ".join(shlex.quote(a) for a in argv)
 
 

@@ -66,7 +66,7 @@ def main(argv=None) -> None:
             "check-off": None,
             "head swap": lambda x: comm.check_agreement("allreduce", count=x.size, dtype=0, op=0, algorithm=0)}
     desc = common.machine_description()
-    command = "mpirun --bind-to core -np %d python benchmarks/latency_bench.py %s" % (
+    command = "allreduce-run --bind-to core -np %d python benchmarks/latency_bench.py %s" % (
         world.size, " ".join(sys.argv[1:] if argv is None else argv))
     records = []
     if world.rank == 0:

@@ -210,7 +210,7 @@ def _shown(name: str, quick: bool = False) -> str:
     mca, extra_env = WIRES.get(name, ([], {}))
     prefix = "".join(f"{k}={v} " for k, v in extra_env.items())
     wire = " ".join(mca) + " " if mca else ""
-    return (f"{prefix}mpirun {oversubscribe}{wire}--bind-to {_binding(ranks)} -np {ranks} python benchmarks/{script} "
+    return (f"{prefix}allreduce-run {oversubscribe}{wire}--bind-to {_binding(ranks)} -np {ranks} python benchmarks/{script} "
             f"{arguments} --json {_rel(RESULTS / (name + '.json'))}")
 
 
@@ -221,8 +221,14 @@ def _rel(path: Path) -> str:
 
 def load_sweep(name: str) -> tuple[str, dict, str]:
     """A section's saved stdout and JSON from benchmarks/results (for --from-results and --only)."""
-    return (RESULTS / f"{name}.txt").read_text().rstrip(), json.loads((RESULTS / f"{name}.json").read_text()), \
-        _shown(name)
+    return _respell((RESULTS / f"{name}.txt").read_text().rstrip()), \
+        json.loads((RESULTS / f"{name}.json").read_text()), _shown(name)
+
+
+def _respell(text: str) -> str:
+    """A saved run's ``# command: mpirun ...`` header as ``allreduce-run ...``: the same flags, and the
+    command a reader copies also runs as root (benchmarks/common.py prints it so since issue 34)."""
+    return re.sub(r"^(# command: (?:\S+=\S+ )*)mpirun ", r"\1allreduce-run ", text, flags=re.M)
 
 
 def _clean(text: str) -> str:

@@ -209,9 +209,9 @@ def test_command_line_shows_chosen_mca_but_not_the_library_default(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     monkeypatch.setenv("OMPI_MCA_osc", "^ucx")          # what allreduce sets itself: not shown
     monkeypatch.setenv("OMPI_MCA_btl", "tcp,self")      # a user's choice: shown
-    assert common.command_line(["b.py"]) == "mpirun --mca btl tcp,self -np 2 python b.py"
+    assert common.command_line(["b.py"]) == "allreduce-run --mca btl tcp,self -np 2 python b.py"
     monkeypatch.setenv("OMPI_MCA_osc", "sm")
-    assert common.command_line(["b.py"]) == "mpirun --mca btl tcp,self --mca osc sm -np 2 python b.py"
+    assert common.command_line(["b.py"]) == "allreduce-run --mca btl tcp,self --mca osc sm -np 2 python b.py"
 
 
 def test_cross_core_probe_on_threads():

@@ -41,4 +41,4 @@ def test_engine_bench_smoke(tmp_path):
     assert got[("compression", "fp16")]["max_rel_err"] < 2e-3
     assert got[("compression", "bf16")]["max_rel_err"] < 2e-2
     assert "# fusion: engine / unfused-blocking time = " in proc.stdout
-    assert data["command"].startswith("mpirun -np 2")
+    assert data["command"].startswith("allreduce-run -np 2")

@@ -18,7 +18,7 @@ def test_latency_bench_table_and_json(tmp_path):
     proc = mpirun(2, BENCH, "-b", "8", "-e", "32", "-n", "5", "--repeats", "2", "--settle", "5",
                   "--json", str(out), timeout=120)
     lines = proc.stdout.splitlines()
-    assert any(line.startswith("# command: mpirun --bind-to core -np 2 python benchmarks/latency_bench.py")
+    assert any(line.startswith("# command: allreduce-run --bind-to core -np 2 python benchmarks/latency_bench.py")
                for line in lines), proc.stdout
     assert sum("load average" in line for line in lines) >= 2, proc.stdout      # at the start and the end
     data = json.loads(out.read_text())

@@ -31,14 +31,14 @@ def test_table_json_and_check(tmp_path):
     assert {"ring", "rd", "mpi", "mpi4py"} <= algorithms
     assert {r["size_bytes"] for r in rows} == {8, 64, 512, 4096}
     assert all(r["wrong"] == 0 for r in rows), proc.stdout
-    assert "# command: mpirun -np 2 python" in proc.stdout and "# B_mem = " in proc.stdout
+    assert "# command: allreduce-run -np 2 python" in proc.stdout and "# B_mem = " in proc.stdout
     assert "metadata check (check=True) adds" in proc.stdout
     assert "GB/s reading lines the peer wrote" in proc.stdout      # the cross-core probe
     assert "OSC UCX" not in proc.stderr           # MPI started with the library's Open MPI defaults
     # present, or skipped with a note: never silently missing
     assert "horovod" in algorithms or "# skipped horovod: horovod: horovod.torch is not importable" in proc.stdout
     data = json.loads(out.read_text())
-    assert data["command"].startswith("mpirun -np 2") and data["machine"]["cores"] >= 1
+    assert data["command"].startswith("allreduce-run -np 2") and data["machine"]["cores"] >= 1
     assert data["gamma_s_per_byte"] > 0 and data["membw_gbps"] > 0
     assert data["cross_core_gbps"]["read"] > 0 and data["cross_core_gbps"]["rewrite"] > 0
     assert len(data["records"]) == len(rows)
