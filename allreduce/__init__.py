@@ -15,7 +15,7 @@ from .api import (allgather, allgather_object, allreduce, allreduce_, allreduce_
                   start_timeline, stop_timeline, synchronize)
 from .comm import Communicator
 from .config import Config
-from .engine import Compression, Compressor, Handle
+from .engine import CommHook, Compression, Compressor, Handle, OneBit, PowerSGD
 from .errors import (AllreduceError, CompressionError, InvalidArgumentError, MismatchError,
                      NotInitializedError, PeerLostError, ShutdownError, StallError, TransportError,
                      TransportTimeoutError)
@@ -28,6 +28,7 @@ __all__ = [
     "allreduce", "allreduce_", "broadcast", "allgather", "reducescatter", "alltoall", "broadcast_object",
     "allgather_object", "barrier", "explain_choice", "shared_empty",
     "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async", "synchronize", "join", "Handle", "Compression", "Compressor",
+    "CommHook", "PowerSGD", "OneBit",
     "start_timeline", "stop_timeline",
     "Op", "Sum", "Average", "Min", "Max", "Product", "Adasum", "bfloat16",
     "Communicator", "Config",

@@ -167,8 +167,8 @@ def _running_engine() -> Engine:
     return _engine
 
 
-def _engine_path(name, compression, algorithm) -> bool:
-    if name is None and (compression is None or compression is Compression.none):
+def _engine_path(name, compression, algorithm, comm_hook=None) -> bool:
+    if name is None and (compression is None or compression is Compression.none) and comm_hook is None:
         return False
     if algorithm is not None:
         raise InvalidArgumentError("algorithm= applies to the direct path only; a named or compressed "
@@ -178,7 +178,7 @@ def _engine_path(name, compression, algorithm) -> bool:
 
 
 def allreduce(x, op=Op.AVERAGE, algorithm: str | None = None, name: str | None = None,
-              compression=Compression.none) -> np.ndarray:
+              compression=Compression.none, comm_hook=None) -> np.ndarray:
     """Return ``x`` reduced with ``op`` over all ranks, as a new array of the same shape and dtype.
 
     Args:
@@ -189,12 +189,13 @@ def allreduce(x, op=Op.AVERAGE, algorithm: str | None = None, name: str | None =
         name: with a name (or a compression) the call goes through the engine: negotiated, fused,
             and it may be submitted in a different order on different ranks.
         compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own compressor.
+        comm_hook: an ``ar.CommHook`` (``ar.PowerSGD(...)``, ``ar.OneBit()``): the engine runs it.
 
     Returns:
         The reduced array; bitwise identical on every rank.
     """
-    if _engine_path(name, compression, algorithm):
-        return allreduce_async(x, name=name, op=op, compression=compression).wait()
+    if _engine_path(name, compression, algorithm, comm_hook):
+        return allreduce_async(x, name=name, op=op, compression=compression, comm_hook=comm_hook).wait()
     return communicator().allreduce(x, op, algorithm=algorithm)
 
 
@@ -208,7 +209,8 @@ def allreduce_(x: np.ndarray, op=Op.AVERAGE, algorithm: str | None = None, name:
     return communicator().allreduce_(x, op, algorithm=algorithm)
 
 
-def allreduce_async(x, name: str | None = None, op=Op.AVERAGE, compression=Compression.none) -> Handle:
+def allreduce_async(x, name: str | None = None, op=Op.AVERAGE, compression=Compression.none,
+                    comm_hook=None) -> Handle:
     """Start an allreduce in the engine and return its handle at once.
 
     Args:
@@ -217,15 +219,19 @@ def allreduce_async(x, name: str | None = None, op=Op.AVERAGE, compression=Compr
             ``None`` names it by call order, which then must be the same on every rank.
         op: ``ar.Average`` (default), ``ar.Sum``, ``ar.Min``, ``ar.Max`` or ``ar.Product``.
         compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own compressor.
+        comm_hook: an ``ar.CommHook`` that reduces the tensor's fused bucket instead
+            (``ar.PowerSGD(...)``, ``ar.OneBit()``; allreduce/engine/hooks.py). Then
+            ``compression`` must be none. The same hook settings on every rank, else
+            ``MismatchError`` on every rank.
 
     Returns:
         A :class:`~allreduce.engine.Handle`: ``wait()`` returns the result, ``done()`` polls.
     """
-    return _running_engine().submit(x, name=name, op=op, compression=compression)
+    return _running_engine().submit(x, name=name, op=op, compression=compression, comm_hook=comm_hook)
 
 
 def allreduce_async_(x: np.ndarray, name: str | None = None, op=Op.AVERAGE,
-                     compression=Compression.none) -> Handle:
+                     compression=Compression.none, comm_hook=None) -> Handle:
     """In-place :func:`allreduce_async` (Horovod's ``allreduce_async_``): the result goes into ``x``.
 
     ``x`` must be a writeable numpy array; it is read-only until the handle is
@@ -233,7 +239,8 @@ def allreduce_async_(x: np.ndarray, name: str | None = None, op=Op.AVERAGE,
     reduced straight in ``x`` (no fusion-buffer copies), which is what a
     training loop with persistent gradient buffers wants.
     """
-    return _running_engine().submit(x, name=name, op=op, compression=compression, inplace=True)
+    return _running_engine().submit(x, name=name, op=op, compression=compression, comm_hook=comm_hook,
+                                    inplace=True)
 
 
 def join() -> int:
@@ -284,7 +291,7 @@ def stop_timeline() -> None:
 
 
 def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
-                      compression=Compression.none) -> list[np.ndarray]:
+                      compression=Compression.none, comm_hook=None) -> list[np.ndarray]:
     """Reduce a list of arrays; return the list of results (the tensors are fused when they fit).
 
     The arrays of each dtype are one engine tensor (Horovod's groups): packed back to back once,
@@ -297,15 +304,18 @@ def grouped_allreduce(xs, name: str | None = None, op=Op.AVERAGE,
             ``None`` names it by call order.
         op: the op for every tensor.
         compression: the compressor for every tensor.
+        comm_hook: an ``ar.CommHook`` for every tensor (see :func:`allreduce_async`). A hook that
+            is not a compressor sees each array as its own tensor (``f"{name}.{i}"``; PowerSGD
+            needs each one's shape), and the engine fuses them into its buckets.
 
     Returns:
         The reduced arrays, in the order of ``xs``.
     """
-    return grouped_allreduce_async(xs, name=name, op=op, compression=compression).wait()
+    return grouped_allreduce_async(xs, name=name, op=op, compression=compression, comm_hook=comm_hook).wait()
 
 
 def grouped_allreduce_async(xs, name: str | None = None, op=Op.AVERAGE,
-                            compression=Compression.none) -> GroupedHandle:
+                            compression=Compression.none, comm_hook=None) -> GroupedHandle:
     """:func:`grouped_allreduce` without blocking (Horovod's ``grouped_allreduce_async``).
 
     Returns:
@@ -314,8 +324,11 @@ def grouped_allreduce_async(xs, name: str | None = None, op=Op.AVERAGE,
     """
     eng = _running_engine()
     arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
-    if op is Op.ADASUM:        # Adasum's coefficients belong to each tensor: no packing into one vector
-        parts = [([i], eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression))
+    # Adasum's coefficients, and a hook's view of each tensor (PowerSGD's matrices), belong to
+    # each tensor: no packing into one vector
+    if op is Op.ADASUM or (comm_hook is not None and not getattr(comm_hook, "direct_ok", True)):
+        parts = [([i], eng.submit(x, name=None if name is None else f"{name}.{i}", op=op, compression=compression,
+                                  comm_hook=comm_hook))
                  for i, x in enumerate(arrays)]
         return GroupedHandle(name, parts, len(arrays))
     groups: dict[np.dtype, list[int]] = {}
@@ -325,7 +338,7 @@ def grouped_allreduce_async(xs, name: str | None = None, op=Op.AVERAGE,
     for dtype, members in groups.items():
         label = name if name is None or len(groups) == 1 else f"{name}.{dtype}"
         parts.append((members, eng.submit_group([arrays[i] for i in members], name=label, op=op,
-                                                compression=compression)))
+                                                compression=compression, comm_hook=comm_hook)))
     return GroupedHandle(name, parts, len(arrays))
 
 

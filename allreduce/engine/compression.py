@@ -23,6 +23,10 @@ Horovod.
 
 ``error_feedback=True`` keeps, per tensor name, what rounding lost this step
 and adds it back next step (``Compression.fp16.with_error_feedback()``).
+
+A compressor is the simplest communication hook (hooks.py): its
+``run_batch`` is fusion's pack, one allreduce, unpack. A duck-typed object
+with ``compress``, ``decompress`` and ``name`` is wrapped in one.
 """
 from __future__ import annotations
 
@@ -34,16 +38,25 @@ from numba import njit
 from ..kernels import half
 from ..kernels.half import _encode
 from ..ops import SUPPORTED_DTYPES
+from .hooks import CommHook
 
 __all__ = ["Compressor", "NoneCompressor", "HalfCompressor", "Compression", "check_compressor", "precompress"]
 
 _COMPRESSIBLE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-class Compressor:
+class Compressor(CommHook):
     """Base class: the identity. Subclasses override :meth:`compress` and :meth:`decompress`."""
 
     name = "none"
+    direct_ok = True
+
+    def run_batch(self, batch, comm):
+        """The hook of a compressor: pack (compress) the batch into one buffer, one allreduce, unpack."""
+        return comm.fusion.run(batch)
+
+    def check(self, dtype, op, rank) -> None:
+        """Any dtype and op: a tensor the compressor cannot shrink passes through as it is."""
 
     def compress(self, x: np.ndarray):
         """Return ``(payload, ctx)``: the array to reduce and what :meth:`decompress` needs."""
@@ -308,15 +321,30 @@ BUILTIN = {c.name: c for c in (Compression.none, Compression.fp16, Compression.b
 BUILTIN_NAMES = frozenset(BUILTIN)
 
 
-def check_compressor(compression) -> Compressor:
-    """Return ``compression`` if it looks like a compressor; raise ``TypeError`` otherwise."""
+class _Adapted(Compressor):
+    """A duck-typed compressor (``compress``, ``decompress``, ``name``) as a :class:`Compressor`."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.compress, self.decompress = inner.compress, inner.decompress
+
+    def wire_dtype(self, dtype):
+        wire = getattr(self.inner, "wire_dtype", None)
+        return wire(dtype) if wire is not None else None
+
+
+def check_compressor(compression) -> CommHook:
+    """Return ``compression`` as a hook (a compressor is one); raise ``TypeError`` if it is neither
+    a :class:`~allreduce.engine.hooks.CommHook` nor an object with compress, decompress and name."""
     if compression is None:
         return Compression.none
+    if isinstance(compression, CommHook):
+        return compression
     for attr in ("compress", "decompress", "name"):
         if not hasattr(compression, attr):
             raise TypeError(f"compression must be ar.Compression.none/fp16/bf16 or an object with "
                             f"compress(), decompress() and name; {compression!r} has no {attr!r}")
-    return compression
+    return _Adapted(compression)
 
 
 def precompress(entry, rank: int) -> Exception | None:

@@ -28,47 +28,37 @@ ready everywhere are still reduced, the rest fail with ``ShutdownError``.
 no more batches; it blocks while the other ranks' allreduces go on, with
 zeros in its place (negotiation.py), and returns the last rank to join.
 
-When cycles run (early on a burst of submits, stretched while idle) is
-:mod:`.pacing`'s job.
+This file is what the caller's thread runs (submit, admit, join, shutdown);
+the cycle, on the engine's own thread, is :mod:`.cycle`. When cycles run
+(early on a burst of submits, stretched while idle) is :mod:`.pacing`'s job.
 """
 from __future__ import annotations
 
-import logging
 import threading
-import time
 
 import numpy as np
 
 from ..algorithms import adasum
 from ..comm import Communicator
 from ..config import Config
-from ..errors import AllreduceError, InvalidArgumentError, ShutdownError, TransportError
-from ..ops import SUPPORTED_DTYPES, Op, as_op, check_dtype
+from ..errors import InvalidArgumentError, ShutdownError
+from ..ops import Op, as_op, check_dtype
 from ..transport.base import Transport
-from .compression import BUILTIN, check_compressor, precompress
-from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion, plan
-from .handle import Entry, GroupHandle, Handle, announce
+from .compression import check_compressor
+from .cycle import EngineThread, log
+from .fusion import DIRECT_BYTES, MANY_DIRECT_BYTES, Fusion
+from .handle import Entry, GroupHandle, Handle
+from .hooks import HookComm, resolve
 from .negotiation import Negotiator
-from .pacing import Pacer, tight_timer_slack
+from .pacing import Pacer
 from .reducer import Reducer
-from .stall import StallInspector, stall_error
-from .timeline import Timeline, TimelineTransport, timeline_path, trace_negotiation
+from .stall import StallInspector
+from .timeline import Timeline, TimelineTransport, timeline_path
 
 __all__ = ["Engine"]
 
-log = logging.getLogger("allreduce.engine")
 
-
-
-def _drop_copies(entry: Entry) -> None:
-    """A finished entry is its caller's handle from now on: let go of what the engine made for it
-    (a contiguous copy, a compressor's payload), which the caller may hold much longer."""
-    if not entry.shares:
-        entry.flat = entry.array
-    entry.payload = entry.ctx = None
-
-
-class Engine:
+class Engine(EngineThread):
     """The background allreduce engine of one rank, over ``transport``.
 
     Args:
@@ -96,6 +86,7 @@ class Engine:
         self.fusion = Fusion(self.rank, self.size, reducer.allreduce, self.comm.workspace, self.timeline,
                              self.transport if self.timeline else None, control=reducer.control,
                              allreduce_many=reducer.allreduce_many)
+        self.hook_comm = HookComm(self.transport, self.comm, reducer, self.fusion, self.timeline)
         self.stall = StallInspector(self.rank, self.size, check_time=config.stall_check_time,
                                     shutdown_time=config.stall_shutdown_time,
                                     out_of_step_time=config.out_of_step_time)
@@ -118,7 +109,7 @@ class Engine:
 
     # -- the user side -------------------------------------------------------------------
     def submit(self, x, *, name: str | None = None, op=Op.AVERAGE, compression=None,
-               inplace: bool = False) -> Handle:
+               comm_hook=None, inplace: bool = False) -> Handle:
         """Queue ``x`` for an allreduce under ``name``; return its :class:`Handle` at once.
 
         Args:
@@ -127,6 +118,9 @@ class Engine:
                 order (``allreduce.noname.<n>``), which needs every rank to call in the same order.
             op: ``ar.Average`` (default), ``ar.Sum``, ``ar.Min``, ``ar.Max`` or ``ar.Product``.
             compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own.
+            comm_hook: an :class:`~allreduce.engine.hooks.CommHook` (``ar.PowerSGD()``,
+                ``ar.OneBit()``, ...) that reduces the tensor's bucket instead; then
+                ``compression`` must be none. Every rank must pass equal settings.
             inplace: write the result into ``x`` (a writeable numpy array) and return ``x``.
                 A large plain tensor is then reduced in ``x`` itself, with no copy at all.
 
@@ -135,6 +129,8 @@ class Engine:
         """
         # The checks depend only on (dtype, op, compression): the last combination that passed them
         # is recognised by identity (~0.1 us) instead of checked again (~0.6 us of a ~2 us submit).
+        if comm_hook is not None:
+            compression = resolve(compression, comm_hook, self.rank)
         checked = self._checked
         if not (x.__class__ is np.ndarray and x.dtype is checked[0] and op is checked[1]
                 and compression is checked[2] and (not inplace or x.flags.writeable)):
@@ -158,18 +154,22 @@ class Engine:
         if op is Op.ADASUM:
             adasum.check(self.size, x.dtype, self.rank)     # every rank raises alike, nothing queued
         compressor = check_compressor(compression)
+        compressor.check(x.dtype, op, self.rank)            # a hook's dtypes and ops
         checked = (x.dtype, given, compression, op, compressor)
         if given is op:                                     # an integer op is converted every time
             self._checked = checked
         return x, checked
 
-    def submit_group(self, xs, *, name: str | None = None, op=Op.AVERAGE, compression=None) -> GroupHandle:
+    def submit_group(self, xs, *, name: str | None = None, op=Op.AVERAGE, compression=None,
+                     comm_hook=None) -> GroupHandle:
         """Queue a list of arrays of one dtype as one tensor; return a :class:`GroupHandle`.
 
         The arrays are packed back to back here, once (one copy, in the caller's thread), and
         from then on they are one engine tensor: one name, one negotiation bit, one result that
         ``wait()`` hands back as one view per array. Every rank must group the same shapes in
         the same order; a difference fails the group on every rank, naming the shapes.
+        A comm hook that needs each tensor's shape (PowerSGD) cannot take a group: submit its
+        arrays one by one (``ar.grouped_allreduce`` does).
         """
         arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in xs]
         if not arrays:
@@ -182,7 +182,11 @@ class Engine:
             if a.dtype != dtype:
                 raise InvalidArgumentError(f"rank {self.rank}: a group has one dtype, but array {i} is "
                                            f"{a.dtype} and array 0 {dtype}; group each dtype apart")
-        compressor = check_compressor(compression)
+        compressor = check_compressor(resolve(compression, comm_hook, self.rank))
+        if not compressor.direct_ok:
+            raise InvalidArgumentError(f"rank {self.rank}: a group is one flat tensor, and comm hook "
+                                       f"{compressor.name} reduces each tensor by its shape; submit the "
+                                       "arrays one by one (ar.grouped_allreduce does)")
         self._check_name(name)
         joint = np.concatenate(arrays, axis=None)                # flattens and packs in one pass
         shapes = [tuple(a.shape) for a in arrays]
@@ -265,7 +269,7 @@ class Engine:
         the current one. Per-step phases are traced only when the timeline was on from ``init``
         (``ALLREDUCE_TIMELINE``): they need the transport wrapped from the start."""
         old, self.timeline = self.timeline, Timeline(timeline_path(path, self.rank), self.rank)
-        self.fusion.timeline = self.timeline
+        self.fusion.timeline = self.hook_comm.timeline = self.timeline
         self.mark_cycles = mark_cycles
         if old is not None:
             old.close()
@@ -302,158 +306,3 @@ class Engine:
     def alive(self) -> bool:
         """True while the engine thread runs."""
         return self._thread.is_alive()
-
-    # -- the engine thread -----------------------------------------------------------------
-    def _run(self) -> None:
-        tight_timer_slack()
-        try:
-            while True:
-                start = time.monotonic()
-                if self._cycle():
-                    break
-                self.pacer.pause(start, idle=self.negotiator.idle, stopping=lambda: self._stopping,
-                                 served=self._served)
-        except BaseException as exc:  # noqa: BLE001 - every handle must learn about it
-            log.error("rank %d: allreduce engine failed: %s: %s", self.rank, type(exc).__name__, exc)
-            error = exc if isinstance(exc, AllreduceError) else AllreduceError(
-                f"rank {self.rank}: the allreduce engine failed: {type(exc).__name__}: {exc}")
-            self._fail_all(error)
-        finally:
-            self._fail_all(ShutdownError(f"rank {self.rank}: the allreduce engine was shut down before "
-                                         "this tensor was submitted by every rank"))
-            if self.timeline is not None:
-                self.timeline.close()
-            self.comm.close()
-
-    def _cycle(self) -> bool:
-        """One cycle; True when the engine stops."""
-        self.cycles += 1
-        if self.mark_cycles:
-            self.timeline.instant("engine", "CYCLE_START")
-        stopping = self._stopping                 # read before draining: later submits are refused
-        self._drain()
-        cutoff = self.stall.inspect(self.negotiator.partial)
-        out = self.negotiator.negotiate(self.pending, shutdown=stopping, cutoff=cutoff)
-        agreed = time.monotonic()
-        if self.timeline is not None:
-            trace_negotiation(self.timeline, self.pending, out.ranks, out.ready, agreed, self.size)
-        for name, error in out.errors.items():
-            entry = self.pending.pop(name, None)            # None: a joined rank that lacks it
-            if entry is not None:
-                self._finish(entry, error)
-        for name, meta in out.zeros.items():                 # joined: reduce zeros in this rank's place
-            self.pending[name] = self._zeros(name, meta)
-        for name, (ready, missing) in out.stalled.items():
-            entry = self.pending.pop(name, None)
-            if entry is not None:
-                self._finish(entry, stall_error(name, ready, missing, self.config.stall_shutdown_time,
-                                                out.out_of_step))
-        ready = [self.pending.pop(name) for name in out.ready]
-        self._served = bool(ready)
-        for batch in plan(ready, self.config.fusion_threshold, self.direct_bytes):
-            if self.timeline is not None:
-                self.timeline.spans([e.name for e in batch.entries], "WAIT_FOR_BATCH", agreed, time.monotonic())
-            self._run_batch(batch)
-        if out.joined is not None:                           # every rank has joined
-            with self._lock:
-                handle, self._join = self._join, None
-            if handle is not None:
-                handle._set(out.joined)
-        if out.shutdown:
-            with self._lock:
-                self._stopping = True
-                if self._stopped is None:
-                    self._stopped = ShutdownError("shut down by ar.shutdown() on this or a peer rank")
-            return True
-        return False
-
-    def _run_batch(self, batch) -> None:
-        """Reduce one fused batch; an error fails that batch's handles, never leaves them waiting."""
-        try:
-            results = self.fusion.run(batch)
-            inflight = self._inflight
-            for entry, result in results:        # _finish, inlined: ~0.2 us less for each tensor
-                if entry.locked:                 # Entry.release, inlined
-                    entry.locked = False
-                    try:
-                        entry.array.setflags(write=True)
-                    except ValueError:           # its base became read-only meanwhile: leave it
-                        pass
-                inflight.discard(entry.name)
-                if entry.payload is not None or not entry.shares:
-                    _drop_copies(entry)
-                if not entry._done:              # Handle._set, less its announce: once, below
-                    if isinstance(result, BaseException):
-                        entry._error = result
-                    else:
-                        entry._result = result
-                    entry._done = True
-            announce()
-        except Exception as exc:  # noqa: BLE001 - every handle of the batch must hear about it
-            error = exc if isinstance(exc, AllreduceError) else AllreduceError(
-                f"rank {self.rank}: reducing {', '.join(repr(e.name) for e in batch.entries[:4])} failed: "
-                f"{type(exc).__name__}: {exc}")
-            for entry in batch.entries:
-                if not entry._done:              # not finished above
-                    self._finish(entry, error)
-            announce()                           # those finished above, too
-            if isinstance(exc, TransportError):
-                raise                         # the ranks may be out of step: stop the engine everywhere
-
-    def _drain(self) -> None:
-        with self._lock:                     # once per cycle: a submit must not append to a drained list
-            queue, self._queue = self._queue, []
-            if self._join_queued:
-                self._join_queued, self.negotiator.joining = False, True
-        pending, timeline = self.pending, self.timeline
-        if timeline is not None:                 # NEGOTIATE spans start here, QUEUE spans end here
-            now = time.monotonic()
-            for entry in queue:
-                timeline.span(entry.name, "QUEUE", entry.submitted, now)
-                entry.submitted = now
-        for entry in queue:
-            if entry.wire is None:               # compressed (no compression: set at submit)
-                flat = entry.flat
-                wire = entry.compressor.wire_dtype(flat.dtype)
-                if wire is None:
-                    error = precompress(entry, self.rank)   # a custom compressor: compress now, once
-                    if error is not None:
-                        self._finish(entry, error)
-                        continue
-                else:
-                    entry.wire = wire, flat.size      # what fusion._wire would compute again
-            pending[entry.name] = entry
-
-    def _finish(self, entry: Entry, result) -> None:
-        # No lock: set.discard is atomic in CPython, and the engine thread taking the submit
-        # lock once per tensor made submitting threads queue behind it (a lock convoy: the
-        # holder waits for the GIL while the submitter waits for the lock), ~20 us per submit.
-        entry.release()
-        self._inflight.discard(entry.name)
-        _drop_copies(entry)
-        if isinstance(result, BaseException):
-            entry._fail(result)
-        else:
-            entry._set(result)
-
-    def _zeros(self, name: str, meta) -> Entry:
-        """A tensor this joined rank never submitted: zeros of the agreed shape (a group's
-        arrays flat, back to back), dtype, op and compression."""
-        shape, dtype_name, op, compressor = meta
-        if shape and isinstance(shape[0], tuple):
-            shape = (sum(int(np.prod(s, dtype=np.int64)) for s in shape),)
-        dtype = next(d for d in SUPPORTED_DTYPES if d.name == dtype_name)
-        return Entry(name, np.zeros(shape, dtype), Op(op), BUILTIN[compressor])
-
-    def _fail_all(self, error: BaseException) -> None:
-        with self._lock:
-            self._stopping = True
-            if self._stopped is None:
-                self._stopped = error
-            queue, self._queue = self._queue, []
-            join, self._join, self._join_queued = self._join, None, False
-        if join is not None:
-            join._fail(error)
-        for entry in list(self.pending.values()) + queue:
-            self._finish(entry, error)
-        self.pending.clear()

@@ -1,6 +1,6 @@
 """Tensor fusion: many small allreduces become one large one.
 
-Ready tensors with the same dtype, op and compression are packed back to
+Ready tensors with the same dtype, op and comm hook (compression) are packed back to
 back into one reusable fusion buffer, reduced with one allreduce, and
 unpacked into each tensor's result::
 
@@ -106,7 +106,7 @@ def plan(ready: list[Entry], threshold: int, direct_bytes: int = DIRECT_BYTES) -
         wire, count = entry.wire or _wire(entry)
         nbytes = count * wire.itemsize
         dtype, op, compressor = entry.flat.dtype, entry.op, entry.compressor
-        direct = nbytes >= direct_bytes and entry.payload is None and wire == dtype
+        direct = nbytes >= direct_bytes and entry.payload is None and wire == dtype and compressor.direct_ok
         # A run of tensors alike (a model's gradients: one dtype, op and compression) goes on in
         # the last batch: identity tests instead of a key built and hashed (~0.2 us a tensor).
         if last is None or not (dtype is last[0] and wire is last[1] and op is last[2]
@@ -138,8 +138,9 @@ class Fusion:
         self.residuals: dict[str, np.ndarray] = {}    # error feedback, per tensor name
         self.results = ResultPool()                   # new result arrays, recycled once dropped
 
-    def run(self, batch: Batch) -> list[tuple[Entry, object]]:
-        """Reduce one batch; return ``(entry, result array or exception)`` for each tensor."""
+    def run(self, batch: Batch) -> list[object]:
+        """Reduce one batch (a compressor's hook: compression.py); return each entry's result
+        array or exception, in order."""
         entries, comp = batch.entries, batch.compressor
         fused_half = isinstance(comp, HalfCompressor) and batch.wire != entries[0].flat.dtype
         custom = entries[0].payload is not None
@@ -185,13 +186,13 @@ class Fusion:
         t_unpack = time.monotonic()
         phases = self.transport.stop(t_unpack) if self.transport is not None else []
 
-        results: list[tuple[Entry, object]] = []
+        results: list[object] = []
         if plain:
             # A 1-D tensor's result is its slice of the buffer as it is (Entry.flat is the array
             # itself then, never for in place); others get their shape back. One view each, no copy.
             parts = [buf[a:b] for a, b in zip(offsets, offsets[1:])]
-            results = [(e, part if e.flat is e.array else e.output(part) if e.inplace
-                        else part.reshape(e.array.shape)) for e, part in zip(entries, parts)]
+            results = [part if e.flat is e.array else e.output(part) if e.inplace
+                       else part.reshape(e.array.shape) for e, part in zip(entries, parts)]
             if self.timeline is not None:
                 self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)
             return results
@@ -202,18 +203,18 @@ class Fusion:
             failed, nonfinite_in = self._agree_overflow(entries, bad, None, offsets)
         for e, result, nonfinite_out in unpacked:
             if e.name in failed:
-                results.append((e, failed[e.name]))
+                results.append(failed[e.name])
                 continue
             if nonfinite_out and e.name not in nonfinite_in:   # finite inputs, inf/NaN sum
                 result = self._wire_overflow(e, batch)         # (an in-place array keeps its input)
             elif e.inplace and result is not e.array:
                 result = e.output(result.reshape(-1))
-            results.append((e, result))
+            results.append(result)
         if self.timeline is not None:
             self._trace(batch, fused_half or custom, algorithm, phases, t_pack, t_reduce, t_unpack)
         return results
 
-    def _run_direct(self, batch: Batch) -> list[tuple[Entry, object]]:
+    def _run_direct(self, batch: Batch) -> list[object]:
         """Plain tensors (a direct batch, or a lone one): each reduced in its result array (the
         caller's own for in place, else a new one the algorithm writes while reading the input),
         all in one call where the algorithm takes several."""
@@ -228,7 +229,7 @@ class Fusion:
         algorithm = self._allreduce_many(bufs, batch.op, srcs)
         t_unpack = time.monotonic()
         phases = self.transport.stop(t_unpack) if self.transport is not None else []
-        results = [(e, e.output(b) if e.inplace else b.reshape(e.array.shape)) for e, b in zip(batch.entries, bufs)]
+        results = [e.output(b) if e.inplace else b.reshape(e.array.shape) for e, b in zip(batch.entries, bufs)]
         if self.timeline is not None:
             self._trace(batch, False, algorithm, phases, t_pack, t_reduce, t_unpack)
         return results

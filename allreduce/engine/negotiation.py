@@ -105,7 +105,8 @@ def _mismatch(name: str, metas: dict[int, Meta]) -> MismatchError:
             shown = ", ".join(f"rank {r}: {describe_meta(i, metas[r][i])}" for r in ranks)
             problems.append(f"{field} differs across ranks ({shown})")
     return MismatchError(f"allreduce of {name!r}: " + "; ".join(problems)
-                         + ". Every rank must submit a name with the same shape, dtype, op and compression.")
+                         + ". Every rank must submit a name with the same shape, dtype, op and compression "
+                         "(comm hook, with the same settings).")
 
 
 class Negotiator:
