@@ -13,6 +13,10 @@ dropped, so every rank runs the same steps); ``fit(shuffle=False)`` keeps the sh
 batches at step k together are exactly the single-process batch k and every
 -np reproduces the one-process run up to float rounding.
 ``--warmup-epochs N`` adds Goyal et al.'s learning-rate warmup (from lr/size).
+``--comm-hook powersgd`` (rank ``--powersgd-rank``) or ``--comm-hook onebit`` sends the gradients
+through a communication hook (docs/13-sending-fewer-bytes.md)::
+
+    allreduce-run -np 2 python examples/keras_digits.py --comm-hook powersgd --powersgd-rank 2
 """
 from __future__ import annotations
 
@@ -33,7 +37,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--warmup-epochs", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--comm-hook", choices=("none", "powersgd", "onebit"), default="none")
+    parser.add_argument("--powersgd-rank", type=int, default=2)
+    parser.add_argument("--start-iter", type=int, default=10, help="PowerSGD: uncompressed steps first")
     return parser.parse_args(argv)
+
+
+def comm_hook(args: argparse.Namespace):
+    """The hook ``--comm-hook`` names (a new one per training run: a hook keeps state), or None."""
+    if getattr(args, "comm_hook", "none") == "powersgd":
+        return hvd.PowerSGD(rank=args.powersgd_rank, start_iter=args.start_iter)
+    if getattr(args, "comm_hook", "none") == "onebit":
+        return hvd.OneBit()
+    return None
 
 
 def load_data(seed: int):
@@ -67,7 +83,7 @@ def train(args: argparse.Namespace, *, distributed: bool = True, verbose: int = 
     optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
     callbacks = []
     if distributed:
-        optimizer = hvd.DistributedOptimizer(optimizer)
+        optimizer = hvd.DistributedOptimizer(optimizer, comm_hook=comm_hook(args))
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
         if args.warmup_epochs:
             callbacks.append(hvd.callbacks.LearningRateWarmupCallback(args.lr, warmup_epochs=args.warmup_epochs))
@@ -84,7 +100,8 @@ def main(argv=None) -> None:
     hvd.init()
     accuracy = train(args, verbose=2 if hvd.rank() == 0 else 0)
     if hvd.rank() == 0:
-        print(f"ranks {hvd.size()}  global batch {args.batch_size}  epochs {args.epochs}  "
+        hook = "" if args.comm_hook == "none" else f"  comm hook {comm_hook(args).name}"
+        print(f"ranks {hvd.size()}  global batch {args.batch_size}  epochs {args.epochs}{hook}  "
               f"test accuracy {accuracy:.4f}")
     hvd.shutdown()
 

@@ -46,6 +46,8 @@ process_set_included_op, init(process_sets=...), and process_set= on every colle
 (tfops.process_sets).
 
 optimizers.LARS (layer-wise adaptive rate scaling, not in Horovod: tfops.optimizers.lars).
+PowerSGD, OneBit, CommHook (the engine's communication hooks, not in Horovod: ``comm_hook=`` on
+DistributedOptimizer, DistributedGradientTape and GradientHooks; docs/13-sending-fewer-bytes.md).
 
 join() (for uneven data: tfops.ops.join, allreduce.join) and op=Adasum on allreduce,
 grouped_allreduce, DistributedGradientTape and DistributedOptimizer (allreduce/algorithms/adasum.py).
@@ -62,6 +64,7 @@ Keras callbacks turn ``model.jit_compile`` off with a warning.
 from __future__ import annotations
 
 import allreduce as _ar
+from allreduce import CommHook, OneBit, PowerSGD   # comm_hook=: the engine's hooks, not in Horovod (issue 32)
 
 from .hooks import GradientHooks
 from .ops import (Adasum, Average, Compression, Max, Min, Product, Sum, XlaNotSupportedError, allgather,
@@ -103,7 +106,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "start_timeline", "stop_timeline", "size_op", "rank_op", "local_size_op", "local_rank_op",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
            "ccl_built", "rocm_built", "ddl_built", "sycl_built", "cuda_built", "is_homogeneous", "cross_size",
-           "cross_rank", "optimizers"]
+           "cross_rank", "optimizers", "PowerSGD", "OneBit", "CommHook"]
 
 
 def init(comm=None, process_sets=None, **settings) -> None:

@@ -25,7 +25,7 @@ import tensorflow as tf
 import allreduce as ar
 from allreduce.engine.compression import HalfCompressor, check_compressor
 
-__all__ = ["Compression", "check_compression"]
+__all__ = ["Compression", "check_compression", "check_comm_hook"]
 
 
 class _TensorHalf(HalfCompressor):
@@ -60,3 +60,18 @@ def check_compression(compression):
     """The compressor the engine should use for ``compression`` (``None``: none); ``TypeError`` if
     it is not one."""
     return check_compressor(compression)
+
+
+def check_comm_hook(hook, who: str = "comm_hook"):
+    """``hook`` if it is a communication hook (an ``ar.CommHook``: ``ar.PowerSGD(...)``,
+    ``ar.OneBit()``, a compressor, or your own subclass), ``None`` for none; ``TypeError``
+    naming it otherwise (checked when the tape or optimizer is made, not at the first step)."""
+    if hook is None or isinstance(hook, ar.CommHook):
+        return hook
+    hint = ""
+    if isinstance(hook, type) and issubclass(hook, ar.CommHook):
+        hint = f" (a class: pass an instance, e.g. {hook.__name__}())"
+    elif isinstance(hook, str):
+        hint = " (a name: pass the object, e.g. tfops.PowerSGD(rank=2))"
+    raise TypeError(f"{who}: comm_hook must be an allreduce communication hook such as tfops.PowerSGD(rank=2) "
+                    f"or tfops.OneBit(), or None; got {hook!r} of type {type(hook).__name__}{hint}")

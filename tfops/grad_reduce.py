@@ -22,6 +22,11 @@
   (``tf.function``, ``model.fit``) buckets of about 1 MiB in backprop order, each submitted as
   soon as its gradients exist, all waited for once (:mod:`tfops.overlap`).
 
+* **comm_hook** (``tfops.PowerSGD``, ``tfops.OneBit``): the same groups and buckets, each
+  reduced by the hook instead of the plain allreduce (every array its own engine tensor, so
+  the hook sees each gradient's shape); the engine hands the hook the tensors that are ready
+  together as one bucket. Not with ``compression``, Adasum, a predivide or a process set.
+
 Cost: one grouped allreduce per group, of the non-local gradients' bytes;
 the predivide adds two elementwise scalings.
 """
@@ -35,7 +40,8 @@ import tensorflow as tf
 import allreduce as ar
 
 from .gradients import gradient_names, reduce_gradients
-from .ops import Average, Compression, check_compression
+from .compression import check_comm_hook
+from .ops import Adasum, Average, Compression, check_compression
 
 __all__ = ["GradientSettings", "reduce_step", "source_key"]
 
@@ -52,6 +58,7 @@ class GradientSettings:
     """One tape's or optimizer's reduction settings (validated once, in :meth:`check`)."""
     op: object = Average
     compression: object = Compression.none
+    comm_hook: object = None
     sparse_as_dense: bool = False
     gradient_predivide_factor: float = 1.0
     num_groups: int = 0
@@ -73,7 +80,26 @@ class GradientSettings:
         if self.groups is not None and not isinstance(self.groups, list) and int(self.groups) <= 0:
             raise ValueError(f"{who}: groups (num_groups) must be a positive integer or a list of lists of "
                              f"variables, got {self.groups!r}")
+        self.comm_hook = check_comm_hook(self.comm_hook, who)
+        if self.comm_hook is not None:
+            self._check_hook(who)
         return self
+
+    def _check_hook(self, who: str) -> None:
+        """What a communication hook cannot be combined with: it replaces the allreduce, so the
+        compressor, Adasum's own algorithm and the predivide's two scalings have no place in it."""
+        if self.compression is not Compression.none:
+            raise ValueError(f"{who}: pass comm_hook= or compression=, not both (got {self.comm_hook!r} and "
+                             f"{self.compression!r}); a hook decides what goes on the wire")
+        if self.op == Adasum:
+            raise ValueError(f"{who}: comm_hook= does not combine with op=Adasum (Adasum is its own algorithm)")
+        if self.gradient_predivide_factor != 1.0:
+            raise ValueError(f"{who}: comm_hook= does not combine with gradient_predivide_factor="
+                             f"{self.gradient_predivide_factor:g} (a hook reduces the gradients itself)")
+        if self.process_set is not None:
+            from .process_sets import is_global
+            if not is_global(self.process_set):
+                raise ValueError(f"{who}: comm_hook= reduces over all ranks; it does not take a process_set")
 
     def register_local(self, source) -> None:
         self.local[source_key(source)] = source
@@ -125,7 +151,8 @@ def _reduce_group(grads: list, names: list[str], settings: GradientSettings) -> 
                                             process_set=settings.process_set)
     if f == 1.0:        # the default single group: buckets overlapping backprop (tfops.overlap)
         return reduce_gradients(grads, names, op=op, compression=settings.compression,
-                                sparse_as_dense=settings.sparse_as_dense, overlap=settings.groups is None)
+                                sparse_as_dense=settings.sparse_as_dense, overlap=settings.groups is None,
+                                comm_hook=settings.comm_hook)
     # Average with a predivide: (1/f) before the sum, f/size after it (Horovod's pre/postscale split).
     summed = reduce_gradients([_scale(g, 1.0 / f) for g in grads], names, op=ar.Sum,
                               compression=settings.compression, sparse_as_dense=settings.sparse_as_dense)

@@ -29,7 +29,7 @@ def gradient_names(prefix: str, count: int) -> list[str]:
 
 @_plain_python
 def reduce_gradients(grads, names: list[str], op=Average, compression=Compression.none,
-                     sparse_as_dense: bool = False, overlap: bool = False) -> list:
+                     sparse_as_dense: bool = False, overlap: bool = False, comm_hook=None) -> list:
     """Reduce a step's gradients: every dense one in ONE grouped call, sparse ones allgathered.
 
     Args:
@@ -37,6 +37,8 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
         names: one cross-rank name per gradient (:func:`gradient_names`).
         op: ``Sum`` or ``Average``.
         compression: applied to the dense gradients.
+        comm_hook: a communication hook (``ar.PowerSGD``, ``ar.OneBit``) that reduces the dense
+            gradients instead, one bucket (grouped call) at a time; ``None``: the plain allreduce.
         sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense ones.
         overlap: inside a graph (``tf.function``, ``model.fit``), reduce the dense ones in
             buckets submitted as backprop produces them (:mod:`tfops.overlap`) instead of one
@@ -61,9 +63,11 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
     if dense:
         xs = [tf.convert_to_tensor(out[i]) for i in dense]
         if overlap and not tf.executing_eagerly():
-            ys = reduce_overlapped(xs, [names[i] for i in dense], _check_op(op), check_compression(compression))
+            ys = reduce_overlapped(xs, [names[i] for i in dense], _check_op(op), check_compression(compression),
+                                   comm_hook)
         else:
-            ys = _grouped_dense(xs, _check_op(op), check_compression(compression), [names[i] for i in dense])
+            ys = _grouped_dense(xs, _check_op(op), check_compression(compression), [names[i] for i in dense],
+                                comm_hook)
         for i, y in zip(dense, ys):
             out[i] = y
     return out

@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from .gradients import gradient_names
+from .compression import check_comm_hook
 from .ops import Average, Compression, Sum, _check_op, _numpy_call, allreduce, check_compression, submit, wait
 
 __all__ = ["GradientHooks"]
@@ -58,14 +59,22 @@ class GradientHooks:
         op: ``Average`` (default) or ``Sum``.
         compression: ``Compression.none`` (default), ``fp16`` or ``bf16``.
         sparse_as_dense: densify ``IndexedSlices`` gradients and overlap them too.
+        comm_hook: a communication hook (``tfops.PowerSGD(...)``, ``tfops.OneBit()``) that reduces
+            each gradient, as backprop produces it, in place of the plain allreduce: here every
+            gradient is a bucket of its own. Not with ``compression``.
     """
 
-    def __init__(self, model, op=Average, compression=Compression.none, sparse_as_dense: bool = False):
+    def __init__(self, model, op=Average, compression=Compression.none, sparse_as_dense: bool = False,
+                 comm_hook=None):
         self.model = model
         self.op = _check_op(op)
         if self.op not in (Average, Sum):
             raise ValueError(f"GradientHooks supports op=Average or Sum, got {self.op!r}")
         self.compression = check_compression(compression)
+        self.comm_hook = check_comm_hook(comm_hook, "GradientHooks")
+        if self.comm_hook is not None and self.compression is not Compression.none:
+            raise ValueError(f"GradientHooks: pass comm_hook= or compression=, not both (got {self.comm_hook!r} "
+                             f"and {self.compression!r})")
         self.sparse_as_dense = sparse_as_dense
         self._handles: dict[str, object] = {}
 
@@ -109,11 +118,11 @@ class GradientHooks:
         return self
 
     def _hook(self, x: tf.Tensor, name: str) -> tf.Tensor:
-        handles, op, compression = self._handles, self.op, self.compression
+        handles, op, compression, comm_hook = self._handles, self.op, self.compression, self.comm_hook
 
         def start(g):
             # A copy: the engine reads the array later, from its own thread, and TF owns g's memory.
-            handles[name] = submit(np.array(g), name, op, compression)
+            handles[name] = submit(np.array(g), name, op, compression, comm_hook)
             return g
 
         @tf.custom_gradient

@@ -52,9 +52,10 @@ _names = itertools.count()
 
 
 # --------------------------------------------------------------------------- the engine
-def submit(x: np.ndarray, name: str, op, compression):
-    """Start the allreduce of ``x`` under ``name`` in the engine; return its handle at once."""
-    return ar.allreduce_async(x, name=name, op=op, compression=compression)
+def submit(x: np.ndarray, name: str, op, compression, comm_hook=None):
+    """Start the allreduce of ``x`` under ``name`` in the engine (through ``comm_hook`` when given);
+    return its handle at once."""
+    return ar.allreduce_async(x, name=name, op=op, compression=compression, comm_hook=comm_hook)
 
 
 def wait(handle) -> np.ndarray:
@@ -93,19 +94,20 @@ def in_step(fn, comm=None):
     return run
 
 
-def grouped(arrays: list, names: list[str], op, compression) -> list:
+def grouped(arrays: list, names: list[str], op, compression, comm_hook=None) -> list:
     """Allreduce the arrays as one engine tensor per dtype (``ar.grouped_allreduce``), named after
     the first: one submit, one negotiation bit and one allreduce per step instead of one per
     gradient. A rank with other shapes (a different variable set) fails with ``MismatchError``
-    on every rank."""
-    return ar.grouped_allreduce(arrays, name=f"{names[0]}+group", op=op, compression=compression)
+    on every rank. A ``comm_hook`` (``ar.PowerSGD``, ``ar.OneBit``) reduces the group as one bucket."""
+    return ar.grouped_allreduce(arrays, name=f"{names[0]}+group", op=op, compression=compression,
+                                comm_hook=comm_hook)
 
 
-def grouped_packed(arrays: list, names: list[str], op, compression) -> list:
+def grouped_packed(arrays: list, names: list[str], op, compression, comm_hook=None) -> list:
     """:func:`grouped` with the results packed: per dtype ``(positions, flat result, bounds)``
     (``GroupedHandle.wait_packed``), for eager callers that cut them up with one TF op."""
-    return ar.grouped_allreduce_async(arrays, name=f"{names[0]}+group", op=op,
-                                      compression=compression).wait_packed()
+    return ar.grouped_allreduce_async(arrays, name=f"{names[0]}+group", op=op, compression=compression,
+                                      comm_hook=comm_hook).wait_packed()
 
 
 # --------------------------------------------------------------------------- TF plumbing
@@ -232,13 +234,13 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
     return arguments.scale(_allreduce_differentiable(x, op, compression, name), postscale_factor, "postscale_factor")
 
 
-def _grouped_dense(xs: list, op, compression, names: list[str]) -> list:
+def _grouped_dense(xs: list, op, compression, names: list[str], comm_hook=None) -> list:
     if tf.executing_eagerly():                # tfops.eager: one engine call, one tf.split per dtype
-        packed = tf_typed(grouped_packed)([eager.host_view(x) for x in xs], names, op, compression)
+        packed = tf_typed(grouped_packed)([eager.host_view(x) for x in xs], names, op, compression, comm_hook)
         return eager.unpack(packed, xs)
 
     def run(*arrays):
-        return grouped(list(arrays), names, op, compression)
+        return grouped(list(arrays), names, op, compression, comm_hook)
     ys = _numpy_call("grouped_allreduce", run, xs, [x.dtype for x in xs])
     for x, y in zip(xs, ys):
         y.set_shape(x.shape)

@@ -46,7 +46,7 @@ class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
     def __init__(self, inner_optimizer, *, name=None, compression=Compression.none, sparse_as_dense=False,
                  op=Average, backward_passes_per_step=1, average_aggregated_gradients=False, hooks=None,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=None,
-                 scale_local_gradients=True):
+                 scale_local_gradients=True, comm_hook=None):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got "
                             f"{type(inner_optimizer).__name__}; tf.compat.v1 and Keras 2 legacy optimizers "
@@ -56,6 +56,9 @@ class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
             raise ValueError(f"DistributedOptimizer supports op=Average, Sum or Adasum, got {op!r}")
         if int(backward_passes_per_step) < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        if hooks is not None and comm_hook is not None:
+            raise ValueError("pass comm_hook= to the GradientHooks (GradientHooks(model, comm_hook=...)), which "
+                             "reduce the gradients when hooks= is given, not to the optimizer")
         if hooks is not None and int(backward_passes_per_step) > 1:
             raise ValueError("hooks reduce every backward pass as it happens; they cannot be combined with "
                              "backward_passes_per_step > 1, which reduces once per N passes")
@@ -64,7 +67,7 @@ class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
         self._settings = GradientSettings(op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
                                           gradient_predivide_factor=gradient_predivide_factor,
                                           num_groups=int(num_groups or 0), groups=groups, process_set=process_set,
-                                          scale_local_gradients=bool(scale_local_gradients))
+                                          scale_local_gradients=bool(scale_local_gradients), comm_hook=comm_hook)
         self._settings.check("DistributedOptimizer")
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
@@ -75,6 +78,7 @@ class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
 
     op = property(lambda self: self._settings.op)
     compression = property(lambda self: self._settings.compression)
+    comm_hook = property(lambda self: self._settings.comm_hook)
     sparse_as_dense = property(lambda self: self._settings.sparse_as_dense)
 
     def build(self, var_list):
@@ -206,7 +210,8 @@ def _check_same_variables(var_list) -> None:
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=None, scale_local_gradients=True, hooks=None):
+                         num_groups=0, groups=None, process_set=None, scale_local_gradients=True, hooks=None,
+                         comm_hook=None):
     """Wrap a Keras 3 optimizer so it reduces gradients across ranks (``hvd.DistributedOptimizer``).
 
     The argument order is ``horovod.tensorflow.DistributedOptimizer``'s; ``tfops.keras`` has
@@ -230,7 +235,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         scale_local_gradients: divide registered local variables' gradients by ``size()``.
         hooks: a :class:`tfops.GradientHooks` on the model (not in Horovod): every forward pass is
             hooked and each gradient's allreduce starts during backprop; ``apply`` waits for them.
-            Their own ``op``/``compression`` apply.
+            Their own ``op``/``compression``/``comm_hook`` apply.
+        comm_hook: not in Horovod: a communication hook, ``tfops.PowerSGD(rank=2)`` or
+            ``tfops.OneBit()``, that reduces the dense gradients (each bucket, overlapping backprop
+            in ``model.fit``) in place of the plain allreduce; not with ``compression``, Adasum or a
+            predivide. Its state (error feedback, warm-start factors) lives in the hook object.
 
     Returns:
         The wrapped optimizer, for ``model.compile(optimizer=...)`` or ``apply_gradients``.
@@ -239,4 +248,4 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
         hooks=hooks, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        process_set=process_set, scale_local_gradients=scale_local_gradients, comm_hook=comm_hook)

@@ -27,6 +27,10 @@ Python call instead of one per gradient (ResNet-50 has 161 gradients). Eagerly `
 returns every gradient at once, so there is nothing to overlap: one grouped call does it
 (:func:`tfops.ops._grouped_dense`).
 
+With a ``comm_hook`` (PowerSGD, OneBit) the buckets and their submits are the same; the
+engine runs the hook on what each of its cycles finds ready, so the hook's collectives overlap
+backprop as the plain allreduce does.
+
 Cost: one submit call per bucket (~30-50 us) and one wait; the packing copy the grouped call
 made anyway. Every rank cuts the same buckets: the cut depends on static shapes and dtypes only.
 """
@@ -62,16 +66,17 @@ def buckets(xs: list, bucket_bytes: int | None = None) -> list[list[int]]:
     return out
 
 
-def reduce_overlapped(xs: list, names: list[str], op, compression) -> list:
+def reduce_overlapped(xs: list, names: list[str], op, compression, comm_hook=None) -> list:
     """The graph-mode reduction of dense gradients ``xs`` (named by position, ``names``), each
-    bucket submitted as soon as its gradients exist (module docstring)."""
+    bucket submitted as soon as its gradients exist (module docstring). A ``comm_hook``
+    (``ar.PowerSGD``, ``ar.OneBit``) reduces each bucket in place of the plain allreduce."""
     handles: dict[int, object] = {}        # bucket -> its GroupedHandle, between submit and wait
     order = buckets(xs)
     tokens = []
     for k, members in enumerate(order):
         def submit(*arrays, k=k, members=members):
             handles[k] = ar.grouped_allreduce_async(list(arrays), name=f"{names[members[0]]}+group", op=op,
-                                                    compression=compression)
+                                                    compression=compression, comm_hook=comm_hook)
             return np.int32(k)
         tokens += _numpy_call("grad_submit", submit, [xs[i] for i in members], [tf.int32])
 

@@ -36,13 +36,13 @@ __all__ = sorted(set(_tfops_all) | {"DistributedOptimizer", "PartialDistributedO
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=None, scale_local_gradients=True, hooks=None):
+                         groups=None, process_set=None, scale_local_gradients=True, hooks=None, comm_hook=None):
     """``horovod.tensorflow.keras.DistributedOptimizer``: :func:`tfops.DistributedOptimizer` in Keras' order."""
     return _tf_distributed_optimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients, hooks=hooks)
+        process_set=process_set, scale_local_gradients=scale_local_gradients, hooks=hooks, comm_hook=comm_hook)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
