@@ -24,11 +24,31 @@ def _step_tensors(rng, p, names):
     return out
 
 
-@pytest.mark.parametrize("p", [2, 3, 4])
-def test_random_orders_many_dtypes_and_sizes(p):
+def _hooked(inputs, op, hook):
+    """Whether a comm hook takes this tensor (float32/float64, Sum or Average; not empty)."""
+    return hook and inputs[0].dtype in (np.float32, np.float64) and op in (Op.SUM, Op.AVERAGE) \
+        and inputs[0].size > 0
+
+
+def _assert_close_to_reference(results, inputs, op):
+    """Bitwise identical on every rank, and the float64 reference within rounding of the inputs."""
+    assert all(r.tobytes() == results[0].tobytes() and r.shape == inputs[0].shape for r in results)
+    stacked = np.array(inputs, np.float64)
+    want = stacked.sum(axis=0) / (len(inputs) if op == Op.AVERAGE else 1)
+    eps = np.finfo(inputs[0].dtype).eps
+    np.testing.assert_allclose(results[0], want, rtol=0, atol=32 * eps * np.abs(stacked).sum(axis=0).max())
+
+
+@pytest.mark.parametrize("p,hook", [(2, False), (3, False), (4, False), (3, True)],
+                         ids=["p2", "p3", "p4", "p3-powersgd-hook"])
+def test_random_orders_many_dtypes_and_sizes(p, hook):
+    """Any order on every rank. With ``hook``, the float Sum/Average tensors go through a
+    full-rank PowerSGD hook (the plain average up to rounding), fused beside plain ones."""
+    from allreduce.engine import PowerSGD
     rng = np.random.default_rng(p)
     names = [f"layer{i}/grad" for i in range(16)]
     steps = {2: 60, 3: 40, 4: 30}[p]
+    hooks = [PowerSGD(rank=64, start_iter=1, min_compression_rate=0) for _ in range(p)]
     with engines(p, fusion_threshold=16 << 10) as engs:
         for _ in range(steps):
             tensors = _step_tensors(rng, p, names)
@@ -36,9 +56,11 @@ def test_random_orders_many_dtypes_and_sizes(p):
             for r, engine in enumerate(engs):                     # each rank in its own order
                 for name in rng.permutation(names):
                     inputs, op = tensors[name]
-                    handles.setdefault(name, [None] * p)[r] = engine.submit(inputs[r], name=name, op=op)
+                    handles.setdefault(name, [None] * p)[r] = engine.submit(
+                        inputs[r], name=name, op=op, comm_hook=hooks[r] if _hooked(inputs, op, hook) else None)
             for name, (inputs, op) in tensors.items():
-                assert_allreduce_ok([h.wait(30) for h in handles[name]], inputs, op)
+                check = _assert_close_to_reference if _hooked(inputs, op, hook) else assert_allreduce_ok
+                check([h.wait(30) for h in handles[name]], inputs, op)
         stats = engs[0].negotiator.stats
     assert stats["slow"] < steps, "steady state must use the cache, not a gather of names per step"
 

@@ -113,12 +113,14 @@ class OneBit(CommHook):
         counts = [sum((b[j + 1] - b[j] + 7) // 8 + _SCALE_BYTES for b in bounds) for j in range(p)]
         gathered = np.empty(sum(counts), np.uint8)
         comm.allgatherv(block, gathered, counts)
-        factor = p if bucket.op == Op.SUM else 1
         outs = [np.empty(x.size, dtype) for x in bucket.arrays]
         at = 0
         for j in range(p):
             for out, b in zip(outs, bounds):
                 n = b[j + 1] - b[j]
                 bits, scale, at = _read(gathered, at, n)
-                out[b[j]:b[j + 1]] = decompress_signs(bits, scale * factor, n, dtype)
+                out[b[j]:b[j + 1]] = decompress_signs(bits, scale, n, dtype)
+        if bucket.op == Op.SUM:                               # the average's p times, in the dtype
+            for out in outs:
+                out *= dtype.type(p)
         return outs

@@ -1,0 +1,174 @@
+"""Communication hooks in the engine on thread ranks: PowerSGD, OneBit, agreement, state, bad input.
+
+References: numpy float64 averages, and the engine's own plain allreduce (exact on integer-valued
+float64 inputs). Every result is also checked bitwise identical on every rank.
+"""
+import numpy as np
+import pytest
+
+import allreduce as ar
+from allreduce.engine import Compression
+from allreduce.engine.powersgd import matrix_shape, orthonormalise
+from allreduce.errors import InvalidArgumentError, MismatchError
+from allreduce.ops import Op
+
+from .engine_util import engines
+
+
+def _step(engs, hooks, tensors, op=Op.AVERAGE, timeout=20):
+    """Every rank submits every tensor (rank r in reversed order when r is odd); {name: results}."""
+    handles = {}
+    for r, e in enumerate(engs):
+        names = list(tensors)[::-1] if r % 2 else list(tensors)
+        for name in names:
+            handles.setdefault(name, [None] * len(engs))[r] = e.submit(
+                tensors[name][r], name=name, op=op, comm_hook=None if hooks is None else hooks[r])
+    results = {name: [h.wait(timeout) for h in hs] for name, hs in handles.items()}
+    for name, res in results.items():
+        assert all(x.tobytes() == res[0].tobytes() for x in res), f"{name}: ranks differ bitwise"
+        assert res[0].shape == tensors[name][0].shape and res[0].dtype == tensors[name][0].dtype
+    return results
+
+
+def _random(rng, p, shapes, dtype=np.float32):
+    return {f"t{i}": [rng.standard_normal(s).astype(dtype) for _ in range(p)] for i, s in enumerate(shapes)}
+
+
+@pytest.mark.parametrize("op", [Op.AVERAGE, Op.SUM])
+def test_full_rank_powersgd_is_plain_allreduce_to_float32_rounding(op):
+    p, shapes = 3, [(6, 4), (5, 8), (3, 3, 4), (9,)]
+    tensors = _random(np.random.default_rng(1), p, shapes)
+    hooks = [ar.PowerSGD(rank=8, start_iter=0, min_compression_rate=0) for _ in range(p)]
+    assert all(hooks[0].compresses(s) for s in shapes)           # every one goes the low-rank way
+    with engines(p) as engs:
+        for _ in range(2):                                      # the warm-started step too
+            results = _step(engs, hooks, tensors, op)
+            for name, xs in tensors.items():
+                want = np.sum(np.array(xs, np.float64), axis=0) / (p if op == Op.AVERAGE else 1)
+                scale = np.abs(np.array(xs, np.float64)).sum(axis=0).max()
+                np.testing.assert_allclose(results[name][0], want, rtol=0, atol=2e-6 * scale, err_msg=name)
+
+
+def test_vectors_small_tensors_and_early_steps_are_exactly_plain_allreduce():
+    """Integer-valued float64: every sum is exact, so 'exactly plain' is testable bit for bit."""
+    p, rng = 3, np.random.default_rng(2)
+    shapes = [(7,), (), (3, 3), (0,), (2, 50), (0, 4), (16, 16)]
+    tensors = {f"t{i}": [rng.integers(-50, 50, s).astype(np.float64) for _ in range(p)]
+               for i, s in enumerate(shapes)}
+    hook = ar.PowerSGD(rank=1, start_iter=2)               # only (16, 16) passes the rule, from step 3
+    assert [bool(hook.compresses(s)) for s in shapes] == [False] * 6 + [True]
+    hooks = [ar.PowerSGD(rank=1, start_iter=2) for _ in range(p)]
+    with engines(p) as engs:
+        plain = _step(engs, None, tensors, Op.SUM)
+        for step in range(3):
+            hooked = _step(engs, hooks, tensors, Op.SUM)
+            for name in tensors:
+                same = hooked[name][0].tobytes() == plain[name][0].tobytes()
+                if name == "t6" and step == 2:                  # start_iter reached: rank 1 now
+                    assert not same and np.linalg.matrix_rank(hooked[name][0]) == 1
+                else:
+                    assert same, (name, step)
+
+
+@pytest.mark.parametrize("kind,bound", [("powersgd", 10), ("onebit", 25)])
+def test_error_feedback_makes_the_mean_output_converge_to_the_mean(kind, bound):
+    """A constant gradient per rank: with error feedback, mean(outputs over T) - mean(gradients)
+    shrinks like 1/T (|error| * T / max|mean| stays under ``bound``); without it, it does not."""
+    p, rng = 2, np.random.default_rng(0)
+    grads = [rng.standard_normal((12, 10)).astype(np.float32) for _ in range(p)]
+    want = np.mean(np.array(grads, np.float64), axis=0)
+    make = {"powersgd": lambda ef: ar.PowerSGD(rank=1, start_iter=0, error_feedback=ef),
+            "onebit": lambda ef: ar.OneBit()}[kind]
+    for ef in ([True, False] if kind == "powersgd" else [True]):
+        hooks = [make(ef) for _ in range(p)]
+        with engines(p) as engs:
+            total, ratios = np.zeros_like(want), {}
+            for t in range(1, 201):
+                total += _step(engs, hooks, {"g": grads})["g"][0]
+                if t in (50, 200):
+                    ratios[t] = np.abs(total / t - want).max() * t / np.abs(want).max()
+        if ef:
+            assert max(ratios.values()) < bound, ratios
+        else:                                               # the bias stays: error * T grows with T
+            assert ratios[200] > 5 * bound, ratios
+
+
+def test_onebit_sends_signs_and_sum_is_p_times_average():
+    p, rng = 3, np.random.default_rng(3)
+    tensors = _random(rng, p, [(37,), (4, 5)])
+    with engines(p) as engs:
+        avg = _step(engs, [ar.OneBit() for _ in range(p)], tensors)
+        tot = _step(engs, [ar.OneBit() for _ in range(p)], tensors, Op.SUM)
+    for name in tensors:                        # one chunk per owner: at most p magnitudes
+        assert len(np.unique(np.abs(avg[name][0]))) <= p
+        np.testing.assert_array_equal(tot[name][0], avg[name][0] * np.float32(p))
+
+
+def test_hook_settings_that_differ_raise_on_every_rank_naming_each_value():
+    p = 3
+    with engines(p) as engs:
+        hooks = [ar.PowerSGD(rank=2 if r == 1 else 1, start_iter=0) for r in range(p)]
+        hooks[2] = None                                       # rank 2: no hook at all
+        handles = [e.submit(np.ones((8, 8), np.float32), name="w", comm_hook=hooks[r]) for r, e in enumerate(engs)]
+        messages = []
+        for h in handles:
+            with pytest.raises(MismatchError) as info:
+                h.wait(20)
+            messages.append(str(info.value))
+        assert len(set(messages)) == 1, "every rank must raise the same message"
+        assert "rank 0: PowerSGD(rank=1," in messages[0] and "rank 1: PowerSGD(rank=2," in messages[0]
+        assert "rank 2: none" in messages[0]
+        ok = _step(engs, [ar.OneBit() for _ in range(p)], {"v": [np.ones(5, np.float32)] * p})   # goes on
+        assert ok["v"][0].tolist() == [1.0] * 5
+
+
+def test_state_starts_fresh_on_a_new_communicator_and_on_reset():
+    """After 3 steps on 2 ranks the tensor is compressed (start_iter=2); the same hook objects on
+    a new engine of 3 ranks (a recovery's new communicator) start over: plain again, step 1."""
+    rng = np.random.default_rng(4)
+    x = {"w": [rng.integers(-9, 9, (8, 8)).astype(np.float64) for _ in range(3)]}
+    hooks = [ar.PowerSGD(rank=1, start_iter=2, min_compression_rate=1) for _ in range(3)]
+    exact = {"w": np.sum(x["w"], axis=0)}
+    with engines(2) as old:
+        for _ in range(3):
+            low = _step(old, hooks[:2], {"w": x["w"][:2]}, Op.SUM)
+        assert np.linalg.matrix_rank(low["w"][0]) == 1
+        old_comm = old[0].comm
+        assert hooks[0].state(old_comm)["steps"] == {"w": 3}
+    with engines(3) as new:
+        for step in range(3):
+            got = _step(new, hooks, x, Op.SUM)["w"][0]
+            assert np.array_equal(got, exact["w"]) == (step < 2), step    # plain: the count restarted
+        assert hooks[0].state(new[0].comm)["steps"] == {"w": 3}
+        assert hooks[0].state(old_comm)["steps"] == {"w": 3}             # the old one's is its own
+        for h in hooks:
+            h.reset()
+        assert hooks[0].state(old_comm) == {}
+        assert np.array_equal(_step(new, hooks, x, Op.SUM)["w"][0], exact["w"])   # plain again
+
+
+def test_compression_is_a_hook_and_bad_hook_arguments_raise_before_anything_is_sent():
+    with engines(2) as engs:
+        res = _step(engs, [Compression.fp16] * 2, {"h": [np.full(4, 1.5, np.float32)] * 2})
+        assert res["h"][0].tolist() == [1.5] * 4
+        e, hook = engs[0], ar.PowerSGD(start_iter=0)
+        for kwargs, match in [
+                (dict(x=np.ones(4, np.int32)), "float32 and float64"),
+                (dict(x=np.ones(4, np.float32), op=Op.MAX), "Sum or an Average"),
+                (dict(x=np.ones(4, np.float32), compression=Compression.fp16), "not both"),
+                (dict(x=np.ones(4, np.float32), hook=object()), "must be an ar.CommHook")]:
+            x = kwargs.pop("x")
+            with pytest.raises(InvalidArgumentError, match=match):
+                e.submit(x, name="bad", comm_hook=kwargs.pop("hook", hook), **kwargs)
+        with pytest.raises(InvalidArgumentError, match="submit the arrays one by one"):
+            e.submit_group([np.ones((4, 4), np.float32)], name="g", comm_hook=hook)
+    for bad in [dict(rank=0), dict(start_iter=-1), dict(min_compression_rate=-1)]:
+        with pytest.raises(InvalidArgumentError):
+            ar.PowerSGD(**bad)
+
+
+def test_matrix_view_and_orthonormalise_keep_a_zero_column_zero():
+    assert [matrix_shape(s) for s in [(), (5,), (3, 4), (2, 3, 4)]] == [(1, 1), (1, 5), (3, 4), (6, 4)]
+    p = np.array([[1.0, 2.0, 0.0], [1.0, 2.0, 0.0], [0.0, 1.0, 0.0]])    # col 1 half dependent, col 2 zero
+    orthonormalise(p, 1e-30)
+    assert np.allclose(p[:, :2].T @ p[:, :2], np.eye(2)) and not p[:, 2].any()
