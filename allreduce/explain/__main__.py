@@ -6,6 +6,7 @@ Examples::
     allreduce-explain rhd --ranks 3 --count 4 --png rhd3.png
     allreduce-explain ring --collective allgather --ranks 3 --count 3
     python -m allreduce.explain binomial --collective broadcast --ranks 4 --count 2
+    allreduce-explain powersgd --ranks 2 --rows 4 --cols 3 --rank 1     (explain/powersgd.py)
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="allreduce-explain",
         description="Run a collective's real code on in-process ranks with symbolic data and print, "
                     "step by step, who sends which chunk to whom and what every rank holds.")
-    parser.add_argument("algorithm", metavar="ALGORITHM", help=f"one of: {', '.join(names)}")
+    parser.add_argument("algorithm", metavar="ALGORITHM", help=f"one of: {', '.join(names)}; or powersgd "
+                        "(a comm hook, with options of its own: allreduce-explain powersgd --help)")
     parser.add_argument("--ranks", "-p", type=_int, required=True, metavar="P", help=f"ranks, 1..{MAX_RANKS}")
     parser.add_argument("--count", "-n", type=_int, required=True, metavar="N", help="elements in the buffer")
     parser.add_argument("--collective", choices=tuple(COLLECTIVES), default="allreduce")
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         0 on success, 1 if the algorithm cannot run on thread ranks here; bad
         arguments exit with code 2 and the usage line (``SystemExit``).
     """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "powersgd":                 # a comm hook, not a collective: its own printout
+        from .powersgd import main as powersgd
+        return powersgd(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     allowed = COLLECTIVES[args.collective]
