@@ -10,6 +10,7 @@ negotiation.py     the response cache: agreeing which names are ready everywhere
 fusion.py          packing ready tensors into one buffer, one allreduce per batch
 hooks.py           ``CommHook``: what runs one fused bucket (compressors are the simplest)
 compression.py     ``Compression.none / fp16 / bf16``, the ``Compressor`` interface
+halfcast.py        the fused fp16/bf16 cast loops (numba)
 powersgd.py        ``PowerSGD``: a low-rank approximation by power iteration
 onebit.py          ``OneBit``: sign bits and a scale per chunk, two error feedbacks
 stall.py           warnings (and ``StallError``) for names only some ranks submitted
