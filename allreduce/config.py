@@ -30,6 +30,7 @@ ALLREDUCE_ELASTIC                  elastic                       0 (allreduce-ru
 ALLREDUCE_ELASTIC_MIN_NP           elastic_min_np                1 (--min-np)
 ALLREDUCE_ELASTIC_MAX_NP           elastic_max_np                0 (--max-np: regrow up to it; 0: no regrow)
 ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT elastic_recovery_timeout      120.0 (seconds per recovery step; 0: no bound)
+ALLREDUCE_ELASTIC_RESET_LIMIT      elastic_reset_limit           -1 (--reset-limit: shrinks and regrows allowed; -1: any)
 =================================  ============================  ===========
 
 The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
@@ -123,6 +124,7 @@ class Config:
     elastic_min_np: int = 1          #: below this many ranks an elastic job stops
     elastic_max_np: int = 0          #: an elastic job regrows up to this many ranks (0: no regrow)
     elastic_recovery_timeout: float = 120.0  #: seconds one recovery/regrow step may block in MPI (0: no bound)
+    elastic_reset_limit: int = -1    #: an elastic job ends at its next shrink or regrow past this many (-1: never)
 
     _ENV = {
         "algorithm": "ALLREDUCE_ALGORITHM",
@@ -149,6 +151,7 @@ class Config:
         "elastic_min_np": "ALLREDUCE_ELASTIC_MIN_NP",
         "elastic_max_np": "ALLREDUCE_ELASTIC_MAX_NP",
         "elastic_recovery_timeout": "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT",
+        "elastic_reset_limit": "ALLREDUCE_ELASTIC_RESET_LIMIT",
     }
 
     def __post_init__(self):
@@ -168,6 +171,8 @@ class Config:
                      "out_of_step_time", "elastic_recovery_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.elastic_reset_limit < -1:
+            raise ValueError(f"elastic_reset_limit must be >= 0, or -1 for no limit; got {self.elastic_reset_limit}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":

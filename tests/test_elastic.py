@@ -110,10 +110,12 @@ def test_survivors_restore_the_last_commit_and_finish(case):
     result = launch_job(np_, kills, *(("--max-np", str(max_np)) if max_np else ()), retry_if_stuck=True)
     text = result.stdout + result.stderr
     assert result.returncode == 0, f"launcher exited {result.returncode}\n{text[-5000:]}"
-    finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=(\[[\d, ]*\])$", result.stdout, re.M)
+    finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=(\[[\d, ]*\]) keys=(\S+)$", result.stdout,
+                        re.M)
     assert sorted(int(f[0]) for f in finals) == survivors, text[-5000:]
     assert len({f[1:5] for f in finals}) == 1, "survivors differ (not bitwise identical)"
-    _, size, w_hex, v_hex, sizes_text, _ = finals[0]
+    _assert_user_keys(finals, commits=8)
+    _, size, w_hex, v_hex, sizes_text, _, _ = finals[0]
     sizes = [int(s) for s in sizes_text.split(",")]
     assert int(size) == len(survivors) == sizes[-1] and len(sizes) == 24
     if not max_np:
@@ -150,10 +152,18 @@ def test_a_failed_spawn_is_said_and_the_job_goes_on_at_its_size():
     assert result.returncode == 0, text[-5000:]
     assert len(re.findall(r"allreduce-elastic: could not spawn 1 replacement", result.stderr)) == 1, text[-4000:]
     assert "finished with 2 of 2 ranks; no rank died; spawning 1 replacement(s) failed" in result.stderr
-    finals = re.findall(r"^FINAL (\d+) 2 (\w+) (\w+) ([\d,]+) resets=\[\]$", result.stdout, re.M)
+    finals = re.findall(r"^FINAL (\d+) 2 (\w+) (\w+) ([\d,]+) resets=\[\] keys=commits:2,in_run:r0,rendezvous:2$",
+                        result.stdout, re.M)
     assert sorted(int(f[0]) for f in finals) == [0, 1] and len({f[1:] for f in finals}) == 1, text[-4000:]
     w, v = _replay([2] * 6)
     assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][1:3]
+
+
+def _assert_user_keys(finals, *, commits: int) -> None:
+    """The state's user keywords named like library bookkeeping (elastic_train.py) come out as the user
+    left them: its own commit count, rank 0's ``in_run`` (sync), the same ``rendezvous`` everywhere."""
+    keys = {f[-1] for f in finals}
+    assert len(keys) == 1 and keys.pop().startswith(f"commits:{commits},in_run:r0,rendezvous:"), finals
 
 
 def _finals(stdout: str) -> list[tuple[str, ...]]:
@@ -221,7 +231,7 @@ def test_below_min_np_every_survivor_stops_naming_the_dead_and_the_commit():
     stops = [line for line in result.stderr.splitlines() if "below --min-np 3" in line and "allreduce-elastic" in line]
     assert len(stops) == 2, result.stderr[-4000:]                 # both survivors
     for line in stops:
-        assert "rank(s) 1 died" in line and "commit 1 (step=3)" in line, line
+        assert "rank(s) 1 died" in line and "commit 1 (step=3, commits=1, in_run=r0, rendezvous=1)" in line, line
     assert "elastic job stopped below --min-np" in result.stderr
     assert "FINAL" not in result.stdout
 
@@ -264,14 +274,20 @@ def test_launcher_flags_and_summary():
 
 
 @pytest.mark.slow
-def test_keras_fit_with_the_three_callbacks_survives_a_death_and_grows_back():
+def test_keras_fit_with_the_three_callbacks_survives_a_death_and_a_raise_and_grows_back():
+    # rank 2 is SIGKILLed at epoch 1 batch 5, replacement 3 joins; rank 0's callback raises at epoch 2
+    # batch 3 (issue 35: it leaves as after a death), replacement 4 joins
     result = launch_job(3, "", "--max-np", "3", script="elastic_keras.py",
-                        env={"ELASTIC_KERAS_KILL": "2@1:5", "TF_CPP_MIN_LOG_LEVEL": "2"})
+                        env={"ELASTIC_KERAS_KILL": "2@1:5", "ELASTIC_KERAS_RAISE": "0@2:3", "TF_CPP_MIN_LOG_LEVEL": "2"})
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]
     finals = re.findall(r"^KERAS (\d+) (\d+) epoch=(\d+) (\w+)$", result.stdout, re.M)
-    assert sorted(int(f[0]) for f in finals) == [0, 1, 3], text[-5000:]     # 3: the replacement
-    assert len({f[1:] for f in finals}) == 1, "survivors' and replacement's weights differ"
+    assert sorted(int(f[0]) for f in finals) == [1, 3, 4], text[-5000:]     # 3, 4: the replacements
+    assert len({f[1:] for f in finals}) == 1, "survivors' and replacements' weights differ"
     assert finals[0][1] == "3" and finals[0][2] == "3"
     assert "RESTORED-OK" in result.stdout and "RESTORED-WRONG" not in result.stdout
-    assert "finished with 3 of 3 ranks; rank(s) 2 died at" in result.stderr and "rank(s) 3 joined at" in result.stderr
+    summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
+    assert summary and re.search(r"allreduce-run: elastic job finished with 3 of 3 ranks; rank\(s\) 2 died at \S+ UTC; "
+                                r"rank\(s\) 3 joined at \S+ UTC; rank 0 failed with RuntimeError: callback raised on "
+                                r"name 0 at epoch 2 batch 3; rank\(s\) 0 died at \S+ UTC; rank\(s\) 4 joined at",
+                                summary[-1]), summary

@@ -26,6 +26,8 @@ Horovod's elastic API on plain MPI (Open MPI's ULFM), started with
   call again).
 * :mod:`.regrow`: below ``--max-np``, a commit raises ``HostsUpdatedInterrupt``
   and :func:`run` spawns replacements that get the state by ``sync``.
+* :mod:`.failure`: a rank whose training function raises leaves the job (the
+  others recover as after a death); ``--reset-limit`` ends the job.
 * :mod:`.world`: who is in the world as it shrinks and grows (names, sizes).
 * :mod:`.launch`: what ``allreduce-run --elastic`` adds to the mpirun command and
   how it summarises the job.

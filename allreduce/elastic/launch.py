@@ -2,11 +2,14 @@
 
 ::
 
-    allreduce-run --elastic -np 4 --min-np 2 python train.py
+    allreduce-run --elastic -np 4 --min-np 2 [--max-np 6] [--reset-limit 3] python train.py
 
 becomes ``mpirun -np 4 --with-ft ulfm --mca btl tcp,self ... python train.py``
 with ``ALLREDUCE_ELASTIC=1`` (waits notice dead peers, ``allreduce.elastic.run``
-may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2`` and ``ALLREDUCE_SHM_P2P=1``:
+may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2``, ``ALLREDUCE_ELASTIC_RESET_LIMIT``
+(Horovod's ``--reset-limit``: how many times the world may shrink or grow; -1,
+the default, no limit), ``ALLREDUCE_SHM_P2P=1`` and
+``PRTE_MCA_state_base_error_non_zero_exit=0``:
 
 * ``--with-ft ulfm``: Open MPI's fault tolerance. Without it a dead rank makes
   mpirun terminate the job.
@@ -18,23 +21,31 @@ may shrink), ``ALLREDUCE_ELASTIC_MIN_NP=2`` and ``ALLREDUCE_SHM_P2P=1``:
   (the ``shm`` algorithm's windows, the mailboxes, turned back on with
   ``ALLREDUCE_SHM_P2P=1``) use MPI-3 shared windows, not the BTL, and notice a dead
   peer themselves (:mod:`allreduce.transport.liveness`).
+* ``PRTE_MCA_state_base_error_non_zero_exit=0``: a rank whose training function
+  raised leaves the job with exit status 1 (:mod:`.failure`); by default Open MPI's
+  runtime then ends every other rank, even under ULFM (by hand, 5.0.11).
 
-The ranks write ``allreduce-elastic:`` lines to stderr (:mod:`.recovery`,
-:mod:`.regrow`, :mod:`.watchdog`); the launcher relays them and ends with one summary line: which
-ranks died, when, which joined, and the size the job finished at. It exits 0 when the job finished, even
-though ranks died on the way, and non-zero when it fell below ``--min-np`` (3) or a rank was stuck
-inside Open MPI past ``elastic_recovery_timeout`` (4, naming the rank and the step).
+The ranks write ``allreduce-elastic:`` lines to stderr (:func:`say`; :mod:`.recovery`,
+:mod:`.regrow`, :mod:`.watchdog`, :mod:`.failure`); the launcher relays them and ends with one summary
+line: which ranks raised (with their exception's first line), which died, when, which joined, and the
+size the job finished at. It exits 0 when the job finished, even though ranks raised or died on the
+way, and non-zero when it fell below ``--min-np`` (3), a rank was stuck inside Open MPI past
+``elastic_recovery_timeout`` (4, naming the rank and the step), the reset limit was reached (5), or
+no rank finished (every rank raised: 1).
 """
 from __future__ import annotations
 
 import re
+import sys
+import time
 from dataclasses import dataclass, field
 
-__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "MARK", "BELOW_MIN_EXIT",
-           "STUCK_EXIT"]
+__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "say", "clock", "MARK",
+           "BELOW_MIN_EXIT", "STUCK_EXIT", "RESET_LIMIT_EXIT"]
 
 MARK = "allreduce-elastic:"       #: the prefix of the lines the ranks write and the launcher reads
 BELOW_MIN_EXIT = 3                #: exit status of every survivor when the job falls below --min-np
+RESET_LIMIT_EXIT = 5              #: exit status of every rank when the reset limit ends the job
 
 _DIED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) died \(noticed at ([\d:.]+ UTC)\); going on with (\d+)")
 _JOINED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) joined \(spawned at ([\d:.]+ UTC)\)")
@@ -42,6 +53,8 @@ _NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
 _BELOW = re.compile(re.escape(MARK) + r" below --min-np")
 _STUCK = re.compile(re.escape(MARK) + r" (.+?) stuck inside Open MPI in (.+?) for (\d+) s")
+_RAISED = re.compile(re.escape(MARK) + r" rank (\d+) raised (.*); it leaves the job")
+_LIMIT = re.compile(re.escape(MARK) + r" (reset limit \d+ reached: .*)$")
 STUCK_EXIT = 4                    #: exit status of a job the elastic watchdog aborted (watchdog.py)
 
 
@@ -49,26 +62,29 @@ STUCK_EXIT = 4                    #: exit status of a job the elastic watchdog a
 class ElasticOptions:
     min_np: int = 1
     max_np: int = 0
+    reset_limit: int = -1          #: how many times the world may shrink or grow (-1: no limit)
 
 
 def split_flags(args: list[str]) -> tuple[list[str], ElasticOptions | None]:
-    """Take ``--elastic``, ``--min-np M`` and ``--max-np K`` out of the mpirun flags."""
+    """Take ``--elastic``, ``--min-np M``, ``--max-np K`` and ``--reset-limit N`` out of the mpirun flags."""
     rest, options, elastic = [], ElasticOptions(), False
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == "--elastic":
             elastic, i = True, i + 1
-        elif arg in ("--min-np", "--max-np"):
-            if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) < 1:
-                raise SystemExit(f"allreduce-run: {arg} needs a positive integer")
+        elif arg in ("--min-np", "--max-np", "--reset-limit"):
+            least = 0 if arg == "--reset-limit" else 1
+            if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) < least:
+                raise SystemExit(f"allreduce-run: {arg} needs a {'non-negative' if least == 0 else 'positive'} "
+                                 "integer")
             setattr(options, arg[2:].replace("-", "_"), int(args[i + 1]))
             i += 2
         else:
             rest.append(arg)
             i += 1
-    if not elastic and (options.min_np != 1 or options.max_np):
-        raise SystemExit("allreduce-run: --min-np and --max-np apply to an elastic job: add --elastic")
+    if not elastic and (options.min_np != 1 or options.max_np or options.reset_limit != -1):
+        raise SystemExit("allreduce-run: --min-np, --max-np and --reset-limit apply to an elastic job: add --elastic")
     return rest, options if elastic else None
 
 
@@ -93,9 +109,24 @@ def environment(options: ElasticOptions, environ: dict[str, str]) -> dict[str, s
     """The ``ALLREDUCE_*`` settings an elastic job's ranks read (``allreduce.config``)."""
     env = {"ALLREDUCE_ELASTIC": "1", "ALLREDUCE_ELASTIC_MIN_NP": str(options.min_np),
            "ALLREDUCE_ELASTIC_MAX_NP": str(options.max_np)}
+    if options.reset_limit != -1 or "ALLREDUCE_ELASTIC_RESET_LIMIT" not in environ:
+        env["ALLREDUCE_ELASTIC_RESET_LIMIT"] = str(options.reset_limit)   # the flag wins over the variable
     if "ALLREDUCE_SHM_P2P" not in environ:
         env["ALLREDUCE_SHM_P2P"] = "1"     # mailboxes on, though the BTL is tcp,self (see the module doc)
+    if "PRTE_MCA_state_base_error_non_zero_exit" not in environ:
+        env["PRTE_MCA_state_base_error_non_zero_exit"] = "0"   # a rank that raised leaves alone (module doc)
     return env
+
+
+def say(text: str) -> None:
+    """One ``allreduce-elastic:`` line on stderr, for ``allreduce-run --elastic``'s summary."""
+    sys.stderr.write(f"{MARK} {text}\n")
+    sys.stderr.flush()
+
+
+def clock(when: float) -> str:
+    """``HH:MM:SS.mmm`` (UTC) of a ``time.time()``."""
+    return time.strftime("%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}"
 
 
 @dataclass
@@ -109,6 +140,8 @@ class Summary:
     finished: int | None = None
     below: bool = False
     stuck: list[str] = field(default_factory=list)                # "who in step for N s", watchdog.py
+    raised: list[str] = field(default_factory=list)               # "rank N failed with Type: line", failure.py
+    limit: str = ""                                               # "reset limit N reached: ...", failure.py
 
     def feed(self, line: str) -> None:
         if MARK not in line:
@@ -127,18 +160,28 @@ class Summary:
             self.below = True
         elif (m := _STUCK.search(line)) is not None:
             self.stuck.append(f"{m.group(1)} in {m.group(2)} for {m.group(3)} s")
+        elif (m := _RAISED.search(line)) is not None:
+            self.raised.append(f"rank {m.group(1)} failed with {m.group(2)}")
+            self.events.append(self.raised[-1])
+        elif not self.limit and (m := _LIMIT.search(line)) is not None:
+            self.limit = m.group(1)
 
     def report(self, code: int) -> tuple[str, int]:
         """The launcher's last line and its exit status, given mpirun's."""
-        died = "; ".join(self.events) if self.deaths else "; ".join(["no rank died", *self.events])
+        died = "; ".join(self.events) if self.deaths or self.raised else "; ".join(["no rank died", *self.events])
         if self.stuck:
             return (f"allreduce-run: elastic job aborted: stuck inside Open MPI: {'; '.join(self.stuck)} "
                     f"(ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT bounds each recovery step; docs/11); {died}",
                     code or STUCK_EXIT)
         if self.below:
             return (f"allreduce-run: elastic job stopped below --min-np: {died}", code or BELOW_MIN_EXIT)
+        if self.limit:
+            return (f"allreduce-run: elastic job stopped: {self.limit}; {died}", code or RESET_LIMIT_EXIT)
         if self.finished is not None:
             size = (f"{self.finished} of {self.start} ranks" if self.finished <= self.start
                     else f"{self.finished} ranks (started with {self.start})")
             return (f"allreduce-run: elastic job finished with {size}; {died}", 0)
+        if self.raised:
+            return (f"allreduce-run: elastic job failed: no rank finished, {len(self.raised)} raised; {died}",
+                    code or 1)
         return (f"allreduce-run: elastic job did not finish (mpirun exited with {code}); {died}", code or 1)

@@ -20,6 +20,9 @@
         state.commit() raised HostsUpdatedInterrupt (--max-np above the size), on every rank:
           grow (.regrow): spawn replacements, merge them in, rebuild; reset callbacks;
           (loop) sync sends them the commit, call train again
+        any other Exception on this rank (under --elastic): this rank leaves the job
+          (.failure: traceback, one line, exit 1); the others see a death
+        a death or a regrow past --reset-limit: every rank stops (.failure, exit 5)
 
 Detection is the transport's (:mod:`allreduce.transport.liveness`): every wait
 of the library raises ``PeerLostError`` within ~10 ms of MPI learning of the
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import time
 from typing import Any, Callable
 
@@ -48,11 +50,12 @@ from .. import api, faults
 from ..errors import AllreduceError, HostsUpdatedInterrupt
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.liveness import is_peer_failure
-from . import watchdog, world
-from .launch import BELOW_MIN_EXIT, MARK
+from . import failure, watchdog, world
+from .launch import BELOW_MIN_EXIT, MARK, clock, say
+from .regrow import grow
 from .state import State
 
-__all__ = ["run", "run_with", "last_recovery", "deaths", "BELOW_MIN_EXIT", "MARK"]
+__all__ = ["run", "run_with", "last_recovery", "deaths", "BELOW_MIN_EXIT", "MARK", "say", "clock"]
 
 last_recovery: dict[str, float] = {}     #: wall-clock times of the last recovery's phases
 deaths = world.deaths                    #: (when noticed, names) for every recovery
@@ -79,33 +82,41 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
     wrapping of the library's errors)."""
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any):
-        from .regrow import grow
         world.base()
-        grow_next = False
+        grow_next = reset_next = False
         while True:
             try:
                 if grow_next:
                     grow_next = False
                     remember_settings()
-                    if grow(state, _settings, say=say):
-                        state.on_reset()
+                    failure.check_reset_limit(_settings, state, "a regrow")
+                    reset_next = grow(state, _settings, say=say)
+                if reset_next:                    # inside the try: a callback may raise, or see a death
+                    reset_next = False
+                    state.on_reset()
                 state.sync()
                 last_recovery.setdefault("synced", time.time())
-                state.in_run = True
+                state._in_run = True
                 result = func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:         # every rank, at the same commit (state.py)
                 grow_next = True
                 continue
-            except BaseException as exc:  # noqa: BLE001 - anything but a death goes on up unchanged
-                if not is_failure(exc) or not _elastic():
+            except BaseException as exc:  # noqa: BLE001 - a death recovers, an Exception leaves, the rest go up
+                if not _elastic():
+                    raise                         # allreduce.faults aborts the job
+                if not is_failure(exc):
+                    if isinstance(exc, Exception):
+                        failure.leave(exc)        # never returns: the others see a death
                     raise
                 caught = time.time()
+                remember_settings()
+                failure.check_reset_limit(_settings, state, "the death")
                 state.restore()
                 recover(state, caught)
-                state.on_reset()
+                reset_next = True
                 continue
             finally:
-                state.in_run = False
+                state._in_run = False
             if api.rank() == 0:
                 say(f"run({getattr(func, '__name__', 'func')}) finished with {api.size()} ranks "
                     f"(started with {world.start_size()})")
@@ -176,11 +187,6 @@ def remember_settings() -> None:
         _settings = dataclasses.asdict(api.communicator().config)
 
 
-def clock(when: float) -> str:
-    """``HH:MM:SS.mmm`` (UTC) of a ``time.time()``."""
-    return time.strftime("%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}"
-
-
 def _revoke(comm) -> None:
     """Revoke the world and the library's own communicators: every survivor's pending MPI call,
     and every wait of ours (liveness checks Is_revoked), ends with an error."""
@@ -213,9 +219,3 @@ def _stop(dead: list[int], size: int, min_np: int, state: State) -> None:
     say(text)
     world.exit_status = BELOW_MIN_EXIT
     raise SystemExit(BELOW_MIN_EXIT)
-
-
-def say(text: str) -> None:
-    """One ``allreduce-elastic:`` line on stderr, for ``allreduce-run --elastic``'s summary."""
-    sys.stderr.write(f"{MARK} {text}\n")
-    sys.stderr.flush()

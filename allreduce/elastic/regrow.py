@@ -40,6 +40,7 @@ from .. import api, faults
 from ..transport.mpi import MPI
 from ..transport import spawn
 from . import watchdog, world
+from .launch import clock
 from .state import State
 
 __all__ = ["grow"]
@@ -96,7 +97,6 @@ def grow(state: State, settings: dict[str, Any], *, say: Callable[[str], None]) 
     api.init(comm=merged, **settings)
     world.rebuilt()                      # a replacement's init does the same (tfops: its allgather)
     if api.rank() == 0:
-        from .recovery import clock
         say(f"rank(s) {', '.join(map(str, fresh))} joined (spawned at {clock(started)} UTC); going on "
             f"with {api.size()} of {world.start_size()} ranks from {state.describe()}; spawn and "
             f"rebuild {time.time() - started:.3f} s")

@@ -18,6 +18,14 @@ rank 0's state, bitwise.
 :class:`State` is the base (subclasses say what ``save``, ``restore`` and
 ``sync`` copy); :class:`ObjectState` keeps keyword attributes, any picklable
 Python values (an epoch counter, a batch index, a numpy array of weights).
+
+The attributes of a state belong to its user: the library keeps its own
+bookkeeping in underscore names only (``_commits``, ``_in_run``, as Horovod
+keeps ``_reset_callbacks`` and ``_host_messages``), so a keyword such as
+``commits=0`` or ``epoch=0`` is the user's counter, changed only by the user and
+carried through commit, restore and sync as it is. A keyword that would hide a
+method or an attribute the state already has (``commit``, ``sync``,
+``_commits``) is a ``ValueError``.
 """
 from __future__ import annotations
 
@@ -35,8 +43,8 @@ class State:
 
     def __init__(self):
         self._reset_callbacks: list[Callable[[], None]] = []
-        self.commits = 0          #: commits made (the first sync counts as none)
-        self.in_run = False       #: inside elastic.run (only there may a commit start a regrow)
+        self._commits = 0         # commits made (the first sync counts as none), for describe()
+        self._in_run = False      # inside elastic.run (only there may a commit start a regrow)
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Call each of ``callbacks`` (no arguments) after every recovery, before the state is synced:
@@ -57,13 +65,13 @@ class State:
         every rank alike (they all know the size): ``run`` spawns replacements and goes on
         from this commit (Horovod's ``check_host_updates``)."""
         self.save()
-        self.commits += 1
-        if self.in_run:
+        self._commits += 1
+        if self._in_run:
             _check_regrow()
 
     def describe(self) -> str:
         """The last commit in words, for the message of a job that stops (``commit 12 (epoch=1, batch=4)``)."""
-        return f"commit {self.commits}"
+        return f"commit {self._commits}"
 
     def save(self) -> None:
         raise NotImplementedError
@@ -102,9 +110,15 @@ class ObjectState(State):
     """
 
     def __init__(self, **kwargs: Any):
+        super().__init__()                               # first: the user's keywords are set last
+        self._saved_state: dict[str, Any] = {}
+        for name in kwargs:
+            if hasattr(self, name):
+                raise ValueError(f"{type(self).__name__}({name}=...): {name!r} is taken by the state "
+                                 f"itself ({'its bookkeeping' if name.startswith('_') else 'a method'}); "
+                                 "rename the attribute")
         self._saved_state = {k: copy.deepcopy(v) for k, v in kwargs.items()}
         self._set_attrs()
-        super().__init__()
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():
@@ -118,10 +132,10 @@ class ObjectState(State):
 
     def sync(self) -> None:
         if self._saved_state:                            # rank 0's last commit (or its starting values)
-            self._saved_state, self.commits = _broadcast_object((self._saved_state, self.commits))
+            self._saved_state, self._commits = _broadcast_object((self._saved_state, self._commits))
             self._set_attrs()
 
     def describe(self) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in self._saved_state.items()
                           if isinstance(v, (int, float, str)) and not isinstance(v, bool))
-        return f"commit {self.commits}" + (f" ({shown})" if shown else "")
+        return f"commit {self._commits}" + (f" ({shown})" if shown else "")

@@ -23,11 +23,12 @@ from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaul
 from ..transport.spawn import joined_world
 
 __all__ = ["base", "names", "name", "start_size", "news", "replace", "leave_without_finalize",
-           "exit_status", "deaths", "joins", "rebuild_hooks", "rebuilt"]
+           "exit_status", "deaths", "joins", "resets", "rebuild_hooks", "rebuilt"]
 
 deaths: list[tuple[float, list[int]]] = []   #: (when noticed, names) for every shrink
 joins: list[tuple[float, list[int]]] = []    #: (when joined, names) for every regrow
 regrow_failed = False             #: a spawn failed once: the job goes on at its size, no more tries
+resets = 0                        #: shrinks and regrows so far (the reset limit counts them: failure.py)
 exit_status = 0                   #: the status a process that left without MPI_Finalize ends with
 #: Called on every rank after the library was rebuilt on a new world (shrunk or grown), in order:
 #: a layer above redoes what its own init does collectively after ``ar.init()`` (tfops: the
@@ -42,7 +43,7 @@ _next_name = 0
 
 def base():
     """The communicator the library runs on and a recovery shrinks (set up on first use)."""
-    global _base, _names, _start_size, _next_name, regrow_failed
+    global _base, _names, _start_size, _next_name, regrow_failed, resets
     if _base is None:
         comm, told = joined_world()
         _base = comm
@@ -51,7 +52,7 @@ def base():
             _start_size = _next_name = comm.Get_size()
         else:                              # a replacement: its parents told it the rest
             _names, _start_size, _next_name = told["names"], told["start_size"], told["next_name"]
-            regrow_failed = told["regrow_failed"]
+            regrow_failed, resets = told["regrow_failed"], told["resets"]
             joins.extend(told["joins"])
             leave_without_finalize()
     return _base
@@ -91,13 +92,16 @@ def new_names(count: int) -> list[int]:
 def news(names_after: list[int]) -> dict[str, Any]:
     """What a replacement must be told when it joins (:func:`base` reads it there)."""
     return {"names": names_after, "start_size": _start_size, "next_name": _next_name,
-            "regrow_failed": regrow_failed, "joins": list(joins)}
+            "regrow_failed": regrow_failed, "joins": list(joins),
+            "resets": resets + 1}             # counting the regrow that brings it in
 
 
 def replace(comm, names_of_ranks: list[int]) -> None:
-    """The job goes on on ``comm`` (shrunk or grown), whose rank ``i`` is named ``names_of_ranks[i]``."""
-    global _base, _names
+    """The job goes on on ``comm`` (shrunk or grown), whose rank ``i`` is named ``names_of_ranks[i]``:
+    one reset more."""
+    global _base, _names, resets
     _base, _names = comm, list(names_of_ranks)
+    resets += 1
     leave_without_finalize()
 
 

@@ -1,15 +1,19 @@
-"""Elastic ``model.fit`` with the three callbacks, a rank killing itself mid-epoch (tests/test_elastic.py).
+"""Elastic ``model.fit`` with the three callbacks, a rank killing itself and one raising (tests/test_elastic.py).
 
 ::
 
-    ELASTIC_KERAS_KILL=2@1:5 allreduce-run --elastic -np 3 --max-np 3 python tests/mpi/elastic_keras.py
+    ELASTIC_KERAS_KILL=2@1:5 ELASTIC_KERAS_RAISE=0@2:3 allreduce-run --elastic -np 3 --max-np 3 \
+        python tests/mpi/elastic_keras.py
 
 World rank 2 SIGKILLs itself at epoch 1, batch 5. The survivors restore the last
 commit (every 2 batches), check that the model and optimizer hold exactly the
 committed values (``RESTORED-OK``), sync, and go on; under ``--max-np 3`` the
 next commit (``CommitStateCallback``, inside ``model.fit``) spawns a replacement,
 named 3, that builds its model, gets the commit by sync (its optimizer's slots
-built to match) and finishes the remaining batches and epochs with them. Each
+built to match) and finishes the remaining batches and epochs with them. Then
+rank 0's callback raises ``RuntimeError`` at epoch 2, batch 3: it leaves the job
+(allreduce/elastic/failure.py), the others recover as after a death, and a
+replacement named 4 joins at the next commit. Each
 process prints ``KERAS <name> <size> epoch=<e> <digest>``; the digest covers the
 weights and every optimizer variable (momentum, iterations).
 """
@@ -30,6 +34,8 @@ EPOCHS, BATCHES, BS = 3, 8, 4
 ME = -1                     # this process's name (allreduce.elastic.world), known after init
 who, when = os.environ.get("ELASTIC_KERAS_KILL", "-1@0:0").split("@")
 KILL = (int(who), *map(int, when.split(":")))
+who, when = os.environ.get("ELASTIC_KERAS_RAISE", "-1@0:0").split("@")
+RAISE = (int(who), *map(int, when.split(":")))
 
 
 class Killer(keras.callbacks.Callback):
@@ -41,6 +47,8 @@ class Killer(keras.callbacks.Callback):
         if (ME, self.state.epoch, self.state.batch) == KILL:
             print(f"KILL {ME} epoch {self.state.epoch} batch {self.state.batch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if (ME, self.state.epoch, self.state.batch) == RAISE:
+            raise RuntimeError(f"callback raised on name {ME} at epoch {self.state.epoch} batch {self.state.batch}")
 
 
 def digest(model, optimizer) -> str:

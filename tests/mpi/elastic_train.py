@@ -20,6 +20,14 @@ SIGKILLs itself at that step, in that phase:
 * ``spawn``: 0.2 s after the commit at that step, while the parents wait in
   ``MPI_Comm_spawn`` for a replacement (only at a commit that regrows).
 
+``ELASTIC_RAISES`` lists ``name@step:phase`` the same way: that process raises
+``RuntimeError`` (allreduce/elastic/failure.py: it leaves the job, the others
+recover as after a death), in one of three phases:
+
+* ``compute``: while computing its gradient;
+* ``collective``: between two collectives, while its peers wait in the engine's;
+* ``commit``: half-way through ``state.commit()``.
+
 ``ELASTIC_JOIN_DIE=<path>``: the first replacement (the one that finds no file
 at ``path`` and makes it) SIGKILLs itself before it merges with its parents.
 ``ELASTIC_STUCK=<name>:<step>``: that process blocks forever inside MPI (a
@@ -36,7 +44,10 @@ gradient ``grad(w, s, r, n)``: integer-valued, so every algorithm's sum is exact
 and the result is the same bits whatever the order of the additions. The
 state records the world size of every step it took (``sizes``), so the test
 replays the committed lineage in numpy and compares bitwise. Each survivor
-prints ``FINAL <world rank> <size> <hex of w and v> <sizes>`` at the end.
+prints ``FINAL <world rank> <size> <hex of w and v> <sizes> resets=[...] keys=...`` at the end.
+The state also carries user keywords named as the library's own bookkeeping
+used to be (``commits``, ``in_run``, ``rendezvous``: Horovod's worker counts its
+commits and its entries into ``train``), which must come out as the user left them.
 """
 from __future__ import annotations
 
@@ -76,9 +87,9 @@ def replay(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return w, v
 
 
-def _kills() -> dict[tuple[int, int], str]:
+def _kills(variable: str = "ELASTIC_KILLS") -> dict[tuple[int, int], str]:
     out = {}
-    for item in filter(None, os.environ.get("ELASTIC_KILLS", "").split(",")):
+    for item in filter(None, os.environ.get(variable, "").split(",")):
         who, rest = item.split("@")
         step, phase = rest.split(":")
         out[(int(who), int(step))] = phase
@@ -86,6 +97,7 @@ def _kills() -> dict[tuple[int, int], str]:
 
 
 KILLS = _kills()
+RAISES = _kills("ELASTIC_RAISES")
 ME = -1          # this process's name (elastic.world.name()), known after ar.init()
 
 
@@ -103,8 +115,17 @@ def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def maybe_raise(step: int, phase: str) -> None:
+    if RAISES.get((ME, step)) == phase:
+        print(f"RAISE {ME} step {step} {phase} at {time.time():.6f}", flush=True)
+        raise RuntimeError(f"check_rank and exit: name {ME} at step {step} in {phase}\nsecond line")
+
+
 class TrainState(elastic.ObjectState):
     def save(self):
+        if RAISES.get((ME, self.step)) == "commit":    # half the attributes copied, then the raise
+            self._saved_state["w"] = self.w.copy()
+            maybe_raise(self.step, "commit")
         if KILLS.get((ME, self.step)) == "spawn":      # the parents spawn right after this commit
             print(f"KILL {ME} step {self.step} spawn at {time.time():.6f}", flush=True)
             die_soon(0.2)
@@ -148,15 +169,17 @@ def main() -> None:
     watchdog.test_hook = _stuck_in
     steps = int(os.environ.get("ELASTIC_STEPS", "24"))
     every = int(os.environ.get("ELASTIC_COMMIT_EVERY", "3"))
-    state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[])
+    state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[], commits=0, in_run=f"r{ME}", rendezvous=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append(ar.size())])
 
     @elastic.run
     def train(state):
+        state.rendezvous += 1
         while state.step < steps:
             s, rank, size = state.step, ar.rank(), ar.size()
             maybe_die(s, "compute", mid_call=False)
+            maybe_raise(s, "compute")
             g = grad(state.w, s, rank, size)
             phase = next((p for (_, at), p in KILLS.items() if at == s), "")   # the same on every rank
             algo = phase if phase in ALGORITHMS else ("rd" if phase == "mailbox" else ALGORITHMS[s % len(ALGORITHMS)])
@@ -166,6 +189,7 @@ def main() -> None:
             for _ in range(3 if phase else 1):
                 total = ar.allreduce(big, op=ar.Sum, algorithm=algo)
             maybe_die(s, "engine")
+            maybe_raise(s, "collective")
             twice = ar.allreduce(g, op=ar.Sum, name=f"g{s % 4}")     # the engine: negotiated, fused
             if not np.array_equal(total[:N], twice):
                 raise AssertionError(f"step {s}: direct and engine sums differ")
@@ -173,11 +197,13 @@ def main() -> None:
             state.sizes = state.sizes + [size]
             state.step = s + 1
             if state.step % every == 0:
+                state.commits += 1
                 state.commit()
 
     train(state)
     print(f"FINAL {ME} {ar.size()} {state.w.tobytes().hex()} {state.v.tobytes().hex()} "
-          f"{','.join(map(str, state.sizes))} resets={resets}", flush=True)
+          f"{','.join(map(str, state.sizes))} resets={resets} keys=commits:{state.commits},in_run:{state.in_run},"
+          f"rendezvous:{state.rendezvous}", flush=True)
     ar.shutdown()
 
 
