@@ -172,3 +172,17 @@ def test_matrix_view_and_orthonormalise_keep_a_zero_column_zero():
     p = np.array([[1.0, 2.0, 0.0], [1.0, 2.0, 0.0], [0.0, 1.0, 0.0]])    # col 1 half dependent, col 2 zero
     orthonormalise(p, 1e-30)
     assert np.allclose(p[:, :2].T @ p[:, :2], np.eye(2)) and not p[:, 2].any()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1001])
+def test_onebit_sign_kernels_match_numpy(n):
+    from allreduce.engine.onebit import compress_signs, decompress_signs
+    for dtype in (np.float32, np.float64):
+        x = np.random.default_rng(n).standard_normal(n).astype(dtype)
+        x[::3] = 0.0                                          # the sign of 0 is +
+        bits, scale, error = compress_signs(x)
+        approx = np.where(x >= 0, scale, -scale).astype(dtype)
+        assert np.array_equal(bits, np.packbits(x >= 0))
+        assert np.isclose(scale, np.abs(x.astype(np.float64)).mean() if n else 0.0, rtol=1e-12, atol=0)
+        assert np.array_equal(error, x - approx)
+        assert np.array_equal(decompress_signs(bits, scale, n, dtype), approx)

@@ -26,11 +26,15 @@ Cost per rank and step, n elements, p ranks: the alltoall sends
 ``(p-1)/p * n / 8`` bytes and the allgather ``(p-1)/p * n / 8`` more, plus
 ``16 (p-1)`` bytes of scales per tensor: ``n / 4`` bytes against a ring
 allreduce's ``2 (p-1)/p * 4 n`` for float32, about 32x fewer at large p.
-Compute: a few passes over the bucket (sign, pack, unpack, scale).
+Compute: a few numba passes over the bucket (mean |x|, signs packed eight a
+byte, error, unpack). ResNet-50's Keras gradients (25.6 M float32) in one
+bucket, p = 2, the collectives stubbed out: ~150 ms a step on the loaded
+2-core VM, by hand (numpy's where/packbits/astype took ~1.6 s).
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..partition import chunk_offsets
 from ..ops import Op
@@ -41,18 +45,50 @@ __all__ = ["OneBit", "compress_signs", "decompress_signs"]
 _SCALE_BYTES = 8            # each scale travels as a float64
 
 
+@njit(nogil=True, cache=True)
+def _mean_abs(x):
+    total = 0.0
+    for i in range(x.size):
+        total += abs(x[i])
+    return total / x.size if x.size else 0.0
+
+
+@njit(nogil=True, cache=True)
+def _signs(x, scale, bits, error):
+    """bits = packed (x >= 0), most significant bit first (np.packbits' order); error = x - scale sign(x)
+    (``error`` may be ``x`` itself). Two branch-free loops, so both vectorise."""
+    n = x.size
+    for b in range(bits.size):                       # eight signs a byte
+        byte = 0
+        for k in range(8):
+            i = b * 8 + k
+            byte = (byte << 1) | (1 if i < n and x[i] >= 0 else 0)
+        bits[b] = byte
+    for i in range(n):                               # -scale is exact: x + scale, bit for bit
+        error[i] = x[i] - scale * (2 * (x[i] >= 0) - 1)
+
+
+@njit(nogil=True, cache=True)
+def _expand(bits, scale, out):
+    """out = scale * sign, the signs from packed bits (1: +)."""
+    for i in range(out.size):
+        out[i] = scale if (bits[i >> 3] >> (7 - (i & 7))) & 1 else -scale
+
+
 def compress_signs(x: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
-    """``(packed sign bits, scale, x - scale * sign(x))`` of a 1-D float array (sign of 0 is +)."""
-    scale = float(np.abs(x).mean(dtype=np.float64)) if x.size else 0.0
-    positive = x >= 0
-    approx = np.where(positive, scale, -scale).astype(x.dtype)
-    return np.packbits(positive), scale, x - approx
+    """``(packed sign bits, scale, x - scale * sign(x))`` of a 1-D float array (sign of 0 is +);
+    the scale is the mean of ``|x|`` (float64), applied in ``x``'s dtype."""
+    scale = _mean_abs(x)
+    bits, error = np.empty((x.size + 7) // 8, np.uint8), np.empty_like(x)
+    _signs(x, x.dtype.type(scale), bits, error)
+    return bits, scale, error
 
 
 def decompress_signs(bits: np.ndarray, scale: float, n: int, dtype) -> np.ndarray:
-    """``scale * sign`` for ``n`` values from packed sign bits."""
-    positive = np.unpackbits(bits, count=n).astype(bool)
-    return np.where(positive, scale, -scale).astype(dtype)
+    """``scale * sign`` for ``n`` values from packed sign bits, in ``dtype``."""
+    out = np.empty(n, dtype)
+    _expand(bits, out.dtype.type(scale), out)
+    return out
 
 
 def _message(bits: np.ndarray, scale: float) -> np.ndarray:
@@ -87,7 +123,10 @@ class OneBit(CommHook):
             e = worker.get(name)
             x = x + e if e is not None and e.size == x.size else x.copy()
             for j in range(p):
-                bits, scale, x[b[j]:b[j + 1]] = compress_signs(x[b[j]:b[j + 1]])
+                chunk = x[b[j]:b[j + 1]]
+                scale = _mean_abs(chunk)
+                bits = np.empty((chunk.size + 7) // 8, np.uint8)
+                _signs(chunk, dtype.type(scale), bits, chunk)     # the chunk becomes its error, in place
                 to_owner[j].append(_message(bits, scale))
             worker[name] = x                                  # now the new worker error
         send_parts = [np.concatenate(parts) if parts else np.empty(0, np.uint8) for parts in to_owner]
