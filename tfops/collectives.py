@@ -19,7 +19,10 @@ grouped_reducescatter  reducescatter per tensor, one call           as reducesca
 =====================  ===========================================  ==========================================
 
 Both reducescatter gradients are also scaled by ``prescale_factor *
-postscale_factor``. reducescatter splits dim 0 as Horovod does: the first
+postscale_factor``. The forward scaling is allreduce's (``tfops.arguments.scale``):
+float16 and bfloat16 are scaled in float32, integers in float64, as Horovod's
+CPU ops do (scaled in float16 itself, a result was off by one float16 ulp).
+reducescatter splits dim 0 as Horovod does: the first
 ``dim0 % size`` ranks get one row more. The Sum gradient's factor ``size``
 is Horovod's convention (its optimizers average), not the derivative of
 the sum of the ranks' losses, which is ``allgather(dy)``.
@@ -30,8 +33,9 @@ import tensorflow as tf
 
 import allreduce as ar
 
+from .arguments import scale
 from .ops import _numpy_call, _plain_python, in_step
-from .process_sets import communicator_of, gather_grad, gather_raw, global_process_set, scaled
+from .process_sets import communicator_of, gather_grad, gather_raw, global_process_set
 
 __all__ = ["alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter"]
 
@@ -103,11 +107,12 @@ def _grouped_reducescatter(xs: list, op, pre: float, post: float, process_set) -
 
     def raw(*xs):
         def run(*arrays):
-            return [scaled(comm.reducescatter(scaled(a, pre), op), post) for a in arrays]
-        ys = _numpy_call("reducescatter", in_step(run, comm), list(xs), [x.dtype for x in xs])
+            return [comm.reducescatter(a, op) for a in arrays]
+        scaled = [scale(x, pre, "prescale_factor") for x in xs]
+        ys = _numpy_call("reducescatter", in_step(run, comm), scaled, [x.dtype for x in xs])
         for x, y in zip(xs, ys):
             y.set_shape(_rows_shape(x))
-        return ys
+        return [scale(y, post, "postscale_factor") for y in ys]
     if not all(x.dtype.is_floating for x in xs):
         return raw(*xs)
 

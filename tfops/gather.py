@@ -155,12 +155,21 @@ def broadcast_(variables, root_rank: int, name: str | None = None) -> list:
     """In-place broadcast (``hvd.broadcast_``): root's values written into ``variables``.
 
     Returns:
-        The variables' new values (root's), as tensors, in order; eagerly and inside ``tf.function``
-        (where TF orders each read after its assignment).
+        The variables' new values (root's), as tensors, in order: eagerly, inside ``tf.function``,
+        and in a ``tf.compat.v1`` graph (resource or ref variables), where each returned tensor
+        reads its variable after the assignment, so evaluating it in a ``Session`` runs the
+        broadcast and leaves root's values in the variable too.
     """
     variables = list(variables)
-    broadcast_variables(variables, root_rank)
-    return [tf.convert_to_tensor(v) for v in variables]
+    if tf.executing_eagerly():
+        broadcast_variables(variables, root_rank)
+        return [tf.convert_to_tensor(v) for v in variables]
+    if not variables:
+        return []
+    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank)
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    with tf.control_dependencies(assigns):       # a graph runs what is fetched: the read needs the assign
+        return [tf.identity(v.read_value()) for v in variables]
 
 
 def broadcast_global_variables(root_rank: int):

@@ -5,7 +5,10 @@ Run by tests/test_tf_collectives.py as ``python tf_collectives.py`` and under
 so each result is checked against a numpy reference, and each gradient
 against its closed form for the loss L = sum_k W[k] * sum(y_k) (rank k weights
 its output by W[k] = k + 1), eager and inside tf.function; a model.fit
-checks an alltoall round trip's gradient routing. Prints "tf_collectives OK".
+checks an alltoall round trip's gradient routing. Also: reducescatter's
+scale factors against Horovod 0.28.1's expected values (float16, integers),
+and broadcast_ in place in a TF1 graph (ref and resource variables). Prints
+"tf_collectives OK".
 """
 import os
 import sys
@@ -115,6 +118,44 @@ for eager in (True, False):
     want = np.concatenate([np.full(2 * r, r + 0.5) for r in range(p)] + [np.full(r, 2 * r + 1.0) for r in range(p)])
     np.testing.assert_allclose(y.numpy(), want, err_msg=mode)
     np.testing.assert_allclose(g.numpy(), np.tile([[3 * W.mean(), W.mean()]], (me, 1)), err_msg=mode)
+
+# ---------------------------------------------------------------- Horovod's scale arithmetic
+# reducescatter and grouped_reducescatter with prescale/postscale as Horovod 0.28.1's own tests expect them
+# (test_horovod_reducescatter_cpu_prescale/_postscale): the same tensor on every rank, float16 scaled in
+# float32 and integers in float64, then cast back (truncation); the results must be equal, not close.
+COMPUTE = {np.float16: np.float32, np.int32: np.float64, np.int64: np.float64, np.float32: np.float32}
+for dtype, compute in COMPUTE.items():
+    x = np.random.default_rng(12345).uniform(-100, 100, (p * 4, 3)).astype(dtype)
+    factor = 0.37                                   # not a float16 value: scaled in float16, results differ
+    rows = slice(me * 4, me * 4 + 4)
+    pre_want = (compute(factor) * x.astype(compute)).astype(dtype)[rows] * dtype(p)
+    post_want = (compute(factor) * (x * dtype(p)).astype(compute)).astype(dtype)[rows]
+    for name, fn in (("reducescatter", lambda t, **k: tfops.reducescatter(t, op=tfops.Sum, **k)),
+                     ("grouped_reducescatter", lambda t, **k: tfops.grouped_reducescatter([t, t], op=tfops.Sum,
+                                                                                          **k)[1])):
+        got = fn(tf.constant(x), prescale_factor=factor).numpy()
+        assert got.dtype == dtype and np.array_equal(got, pre_want), (name, "prescale", dtype, got - pre_want)
+        got = fn(tf.constant(x), postscale_factor=factor).numpy()
+        assert np.array_equal(got, post_want), (name, "postscale", dtype, got - post_want)
+
+# ---------------------------------------------------------------- broadcast_ in a TF1 graph
+# Horovod's test_horovod_broadcast_inplace_cpu, graph half: ref and resource variables in a tf.compat.v1
+# Session; the returned tensor holds root's values, and the variable, read in a later run, holds them too.
+from tensorflow.python.ops.ref_variable import RefVariable  # noqa: E402
+from tensorflow.python.ops.resource_variable_ops import ResourceVariable  # noqa: E402
+
+for make in (RefVariable, ResourceVariable):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        var = make(tf.constant(np.full((3, 2), me, np.float32)))
+        flags = make(tf.constant(np.arange(3) % 2 == me % 2))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        root = p - 1
+        out, out_flags = tfops.broadcast_([var, flags], root)
+        assert out.dtype == tf.float32 and out_flags.dtype == tf.bool, (out, out_flags)
+        np.testing.assert_array_equal(sess.run(out), np.full((3, 2), root, np.float32), err_msg=make.__name__)
+        np.testing.assert_array_equal(sess.run(var), np.full((3, 2), root, np.float32), err_msg=make.__name__)
+        np.testing.assert_array_equal(sess.run(out_flags), np.arange(3) % 2 == root % 2)
+        np.testing.assert_array_equal(sess.run(flags), np.arange(3) % 2 == root % 2)
 
 # ---------------------------------------------------------------- errors, raised on every rank
 bad = [1] * (p + 1) if p == 1 else [2] + [0] * (p - 1)       # too long on 1 rank; else sums to 2 != 3 rows
