@@ -186,8 +186,8 @@ def goals_section(runs: dict) -> list[str]:
         lines += training_goals(training)
     peers = runs.get("peers", (None, None))[1]
     if peers:
-        from benchmarks.peers.verdict import peer_goals
-        lines += peer_goals(peers)
+        from benchmarks.peers.verdict import hooks_goal, peer_goals
+        lines += peer_goals(peers) + [hooks_goal(peers)]
     engine = runs.get("engine", (None, None))[1]
     if engine:
         lines += engine_goals(engine["records"])

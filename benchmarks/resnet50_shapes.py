@@ -7,12 +7,17 @@ first block of every stage, and a 1000-way classifier. 53 convolutions +
 53 x 2 batch-norm vectors + 2 classifier tensors = 161 tensors holding
 25,557,032 float32 values (torchvision's published count for resnet50).
 This is the gradient list one training step allreduces.
+
+:func:`keras_shapes` is the same network as ``keras.applications.ResNet50`` holds it: every
+convolution ``(kh, kw, in, out)`` with a bias of its own (Keras' ``Conv2D`` default), the
+classifier ``(in, out)``: 214 tensors, 25,583,592 values. A communication hook views each as
+a matrix of its last dimension (output channels) against the rest.
 """
 from __future__ import annotations
 
 import math
 
-__all__ = ["SHAPES", "TOTAL", "shapes"]
+__all__ = ["SHAPES", "TOTAL", "shapes", "keras_shapes"]
 
 _STAGES = ((64, 3), (128, 4), (256, 6), (512, 3))    # (bottleneck width, blocks) of conv2_x .. conv5_x
 _EXPANSION = 4                                       # a bottleneck's output is 4x its width
@@ -43,3 +48,19 @@ def shapes(num_classes: int = 1000) -> list[tuple[str, tuple[int, ...]]]:
 
 SHAPES = shapes()
 TOTAL = sum(math.prod(shape) for _, shape in SHAPES)   #: 25,557,032
+
+
+def keras_shapes(num_classes: int = 1000) -> list[tuple[str, tuple[int, ...]]]:
+    """``[(name, shape), ...]`` of ``keras.applications.ResNet50(weights=None)``'s trainable
+    tensors: :func:`shapes` in Keras' layout, a bias per convolution, in :func:`shapes`' order
+    (Keras builds a stage's first block in another order: the same 214 shapes, a few swapped)."""
+    out = []
+    for name, shape in shapes(num_classes):
+        if len(shape) == 4:                     # (out, in, kh, kw) -> (kh, kw, in, out), and its bias
+            o, i, kh, kw = shape
+            out += [(name, (kh, kw, i, o)), (name[:-len("weight")] + "bias", (o,))]
+        elif name == "fc.weight":
+            out.append((name, shape[::-1]))
+        else:
+            out.append((name, shape))
+    return out

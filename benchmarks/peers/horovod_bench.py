@@ -146,7 +146,9 @@ def main(argv=None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     hvd.init()
-    out: dict = {"impl": "horovod", "horovod": horovod.__version__, "tensorflow": tf.__version__}
+    out: dict = {"impl": "horovod", "horovod": horovod.__version__, "tensorflow": tf.__version__,
+                 # what Horovod can put between a gradient and its allreduce (verdict.hooks_goal)
+                 "compressors": sorted(n for n in vars(hvd.Compression) if not n.startswith("_"))}
     if any(m != "training" for m in args.measure_list):
         out["records"] = micro_rows(args, hvd, tf)
         if hvd.rank() == 0:

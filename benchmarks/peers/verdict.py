@@ -10,7 +10,7 @@ import statistics
 
 from benchmarks.peers.timing import MEASURES, OURS, PEERS
 
-__all__ = ["ratios", "peer_goals"]
+__all__ = ["ratios", "peer_goals", "hooks_goal"]
 
 _WHAT = {"latency": "latency of one named 4 KiB tensor",
          "grouped": "1000 x 4 KiB grouped",
@@ -54,6 +54,24 @@ def peer_goals(data: dict) -> list[str]:
                          f"against each): {'; '.join(cells)}: " + ("**met**." if met else "**not met**."))
     lines.append(training_goal(data))
     return lines
+
+
+def hooks_goal(data: dict) -> str:
+    """Issue 32's peers line: which library runs the communication hooks (PowerSGD, 1-bit).
+    Horovod's compressors come from its own module, recorded by horovod_bench.py; a run made
+    before it recorded them falls back to Horovod 0.28.1's source."""
+    import allreduce as ar
+    ours = [name for name in ("PowerSGD", "OneBit") if isinstance(getattr(ar, name, None), type)
+            and issubclass(getattr(ar, name), ar.CommHook)] if hasattr(ar, "CommHook") else []
+    hvd = data.get("versions", {}).get("horovod", {})
+    found = hvd.get("compressors")
+    where = ("recorded by horovod_bench.py from hvd.Compression" if found else
+             "horovod/tensorflow/compression.py of 0.28.1; horovod_bench.py records them at the next peers run")
+    found = found or ["fp16", "none"]
+    return (f"- peers, communication hooks (issue 32): ours runs {' and '.join(ours) or 'neither'} "
+            f"(`comm_hook=`; the hooks section); Horovod {hvd.get('horovod', '0.28.1')} cannot run either hook: "
+            f"its Compression has {', '.join(found)} ({where}), each a compress/decompress pair around one allreduce per "
+            "tensor, with no step that runs collectives of its own or keeps state across steps.")
 
 
 def training_goal(data: dict) -> str:
