@@ -19,7 +19,7 @@ def test_recorded_steps_are_the_algorithm():
     np.testing.assert_allclose(p_out.reshape(rows, 2), np.mean(p_ins, axis=0))      # allreduce 1: mean
     ortho, _ = np.linalg.qr(p_out.reshape(rows, 2))
     for i, res in enumerate(results):                                                # Q_i = M_i^T P
-        q_i = res[0][0][1][0].reshape(cols, 2)
+        q_i = res[0][0][1][0].reshape(2, cols).T                                    # sent as Q^T
         np.testing.assert_allclose(np.abs(q_i), np.abs(matrices[i].T @ ortho), atol=1e-9)
     out = results[0][1][0]
     np.testing.assert_allclose(np.abs(out), np.abs(ortho @ ortho.T @ np.mean(matrices, axis=0)), atol=1e-9)

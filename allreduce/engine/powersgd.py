@@ -97,10 +97,11 @@ def orthonormalise(p, eps):
 
 
 @njit(nogil=True, cache=True)
-def low_rank_product(p, qt, out, acc):
+def low_rank_product(p, qt, out, acc, error, share, feedback):
     """``out = p @ qt`` (rows x r times r x cols) summed in float64, k = 0..r-1 in order for every
-    element; ``acc`` is a float64 scratch row of ``cols``. The inner loop runs along a row, so
-    it vectorises without reordering any element's sum."""
+    element; ``acc`` is a float64 scratch row of ``cols``. With ``feedback``, ``error -= out * share``
+    on the way (error feedback: M becomes M - this rank's share of the output). The inner loops
+    run along a row, so they vectorise without reordering any element's sum."""
     rows, r = p.shape
     cols = qt.shape[1]
     for i in range(rows):
@@ -112,6 +113,9 @@ def low_rank_product(p, qt, out, acc):
                 acc[j] += pik * qt[k, j]
         for j in range(cols):
             out[i, j] = acc[j]
+        if feedback:
+            for j in range(cols):
+                error[i, j] = error[i, j] - out[i, j] * share
 
 
 class PowerSGD(CommHook):
@@ -185,39 +189,46 @@ class PowerSGD(CommHook):
         return outs
 
     def _low_rank(self, bucket: Bucket, comm: HookComm, state: dict, low: list, outs: list) -> None:
-        """Steps 2-6 of the module docstring for the bucket's compressed tensors."""
+        """Steps 2-6 of the module docstring for the bucket's compressed tensors. Q travels and is
+        kept transposed (r x cols: ``Q^T = P^T M`` streams M by rows), and with error feedback M
+        is built in the error's own buffer and becomes the new error there: no copy of M."""
         errors, qs, steps = state.setdefault("errors", {}), state.setdefault("q", {}), state["steps"]
         dtype, op = bucket.dtype, bucket.op
-        ms, q_list = [], []
-        for i, rows, cols, r in low:               # 2. M = G + e, and each tensor's Q
+        ms, qts = [], []
+        for i, rows, cols, r in low:               # 2. M = G + e (in e's buffer), and each tensor's Q
             name = bucket.names[i]
             m = bucket.arrays[i].reshape(rows, cols)
-            e = errors.get(name) if self.error_feedback else None
-            ms.append(m + e if e is not None else m)
-            q = qs.get(name) if self.warm_start else None
-            q_list.append(q if q is not None else self._initial_q(name, cols, r, dtype, steps.get(name, 0)))
+            if self.error_feedback:
+                e = errors.get(name)
+                if e is None or e.shape != m.shape:
+                    e = errors[name] = m.copy()
+                else:
+                    e += m
+                m = e
+            ms.append(m)
+            qt = qs.get(name) if self.warm_start else None
+            qts.append(qt if qt is not None else
+                       np.ascontiguousarray(self._initial_q(name, cols, r, dtype, steps.get(name, 0)).T))
         p_at = np.cumsum([0] + [rows * r for _, rows, _, r in low])
         q_at = np.cumsum([0] + [cols * r for _, _, cols, r in low])
         pbuf, qbuf = np.empty(p_at[-1], dtype), np.empty(q_at[-1], dtype)
         ps = [pbuf[p_at[k]:p_at[k + 1]].reshape(rows, r) for k, (_, rows, _, r) in enumerate(low)]
-        qs_new = [qbuf[q_at[k]:q_at[k + 1]].reshape(cols, r) for k, (_, _, cols, r) in enumerate(low)]
-        for m, q, p in zip(ms, q_list, ps):        # 3. P_i = M_i Q, all in one buffer
-            np.matmul(m, q, out=p)
+        qts_new = [qbuf[q_at[k]:q_at[k + 1]].reshape(r, cols) for k, (_, _, cols, r) in enumerate(low)]
+        for m, qt, p in zip(ms, qts, ps):          # 3. P_i = M_i Q, all in one buffer
+            np.matmul(m, qt.T, out=p)
         comm.allreduce(pbuf, op)                   # ... one allreduce for every P of the bucket
         for p in ps:                               # 4. orthonormalise (the same bits everywhere), in
             p64 = p.astype(np.float64)             # float64: float32 Gram-Schmidt loses orthogonality
             orthonormalise(p64, EPSILON)           # as eps x cond(P): 1e-4 at r = 16, by hand
             p[...] = p64
-        for m, p, q in zip(ms, ps, qs_new):        # 5. Q_i = M_i^T P, all in one buffer
-            np.matmul(m.T, p, out=q)
+        for m, p, qt in zip(ms, ps, qts_new):      # 5. Q_i^T = P^T M_i, all in one buffer
+            np.matmul(p.T, m, out=qt)
         comm.allreduce(qbuf, op)                   # ... one allreduce for every Q of the bucket
-        scale = 1.0 / comm.size if op == Op.SUM else 1.0   # this rank's share of a Sum
-        for k, (i, rows, cols, r) in enumerate(low):       # 6. out = P Q^T; error; keep Q
-            name = bucket.names[i]
+        share = dtype.type(1.0 / comm.size if op == Op.SUM else 1.0)   # this rank's share of the result
+        for k, (i, rows, cols, r) in enumerate(low):       # 6. out = P Q^T; the error; keep Q
             out = np.empty((rows, cols), dtype)
-            low_rank_product(ps[k], np.ascontiguousarray(qs_new[k].T), out, np.empty(cols, np.float64))
+            low_rank_product(ps[k], qts_new[k], out, np.empty(cols, np.float64),
+                             ms[k] if self.error_feedback else out, share, self.error_feedback)
             outs[i] = out
-            if self.error_feedback:
-                errors[name] = ms[k] - out * scale if scale != 1.0 else ms[k] - out
             if self.warm_start:
-                qs[name] = qs_new[k].copy()
+                qs[bucket.names[i]] = qts_new[k].copy()

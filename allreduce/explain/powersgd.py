@@ -101,9 +101,9 @@ def render(p: int, rows: int, cols: int, rank: int, steps: int = 1, seed: int = 
     lines += ["", "P orthonormalised (Gram-Schmidt, column by column): P^T P = I", _show(ortho),
               "", f"Q_i = M_i^T P: {cols} x {r}, each rank's own"]
     for i, res in enumerate(results):
-        lines += [f"  rank {i}:", _show(res[0][0][1][0].reshape(cols, r))]
+        lines += [f"  rank {i}:", _show(res[0][0][1][0].reshape(r, cols).T)]     # Q travels as Q^T
     lines += ["", f"allreduce 2 (Average) of every Q: {cols * r} elements per rank  ->  Q, the same on every rank",
-              _show(q_out.reshape(cols, r))]
+              _show(q_out.reshape(r, cols).T)]
     out = results[0][1][0]
     err = avg - out
     lines += ["", "approximation P Q^T (every rank, the same bits):", _show(out),
