@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 
-from allreduce.engine import Compression
+from allreduce.engine import Compression, PowerSGD
 from allreduce.engine.timeline import TimelineTransport, timeline_path
 from allreduce.transport.threads import ThreadWorld
 
@@ -17,12 +17,14 @@ def test_timeline_has_every_stage_and_the_ring_phases(tmp_path):
         for step in range(3):
             wait_all(submit_all(engs, inputs, np.random.default_rng(step)))
         wait_all(submit_all(engs, {"half": [np.ones(50, np.float32)] * 3}, compression=Compression.fp16))
+        hook = PowerSGD(rank=1, start_iter=0)              # one object for the 3 engines: state per communicator
+        wait_all(submit_all(engs, {"low": [np.ones((8, 8), np.float32)] * 3}, comm_hook=hook))
     files = [path, tmp_path / "tl.rank1.json", tmp_path / "tl.rank2.json"]
     for rank, file in enumerate(files):
         events = json.loads(file.read_text())
         assert {e["pid"] for e in events} == {rank}
         rows = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
-        assert set(rows) == set(inputs) | {"half"}
+        assert set(rows) == set(inputs) | {"half", "low"}
         g0 = [e for e in events if e.get("tid") == rows["g0"]]
         names = {e["name"] for e in g0}
         assert {"QUEUE", "NEGOTIATE", "WAIT_FOR_BATCH", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
@@ -36,6 +38,8 @@ def test_timeline_has_every_stage_and_the_ring_phases(tmp_path):
         assert all(e["args"]["steps"] == 2 for e in phases)          # p - 1 steps each
         half = {e["name"] for e in events if e.get("tid") == rows["half"]}
         assert {"COMPRESS", "DECOMPRESS"} <= half
+        hooked = [e for e in events if e.get("tid") == rows["low"] and e["name"] == "COMM_HOOK"]
+        assert len(hooked) == 1 and hooked[0]["args"]["hook"].startswith("PowerSGD(rank=1,")
 
 
 def test_timeline_path_per_rank():
