@@ -7,8 +7,10 @@
     allreduce_async(x, name) --queue-->  1. drain the queue into `pending`
          returns a Handle                2. negotiate: which names are ready on ALL ranks
                                             (one small allreduce; see negotiation.py)
-    handle.wait() <-------- result ----  3. fuse the ready ones into batches and reduce
-                                            each batch with one allreduce (fusion.py)
+    handle.wait() <-------- result ----  3. fuse the ready ones into batches and run each
+                                            batch's comm hook: for the compressors (none,
+                                            fp16, bf16) one allreduce (fusion.py), for
+                                            PowerSGD / OneBit their own collectives (hooks.py)
 
 The engine talks over its own transport (for MPI: its own duplicate of the
 communicator, so its messages can never match the direct path's), its own
