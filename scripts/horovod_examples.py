@@ -6,7 +6,7 @@
 
 Horovod's examples are not part of this repository (get them from Horovod's
 ``examples/tensorflow2/``). Each one runs unchanged apart from the import, through the
-same module alias as :mod:`horovod_tests` (``horovod.tensorflow`` is ``tfops``), plus the
+same module alias as :mod:`horovod_tests` (:mod:`horovod_setup`) (``horovod.tensorflow`` is ``tfops``), plus the
 Keras 3 spellings in ``EXAMPLE_SPELLINGS`` that real Horovod under Keras 3 would need as
 well. One ``mpirun -np N`` per example, under ``--timeout``.
 
@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from horovod_tests import KERAS3_SPELLINGS, ROOT, _kill_tagged, environment, make_alias_dir  # noqa: E402
+from horovod_setup import KERAS3_SPELLINGS, ROOT, environment, make_alias_dir, kill_tagged as _kill_tagged  # noqa: E402
 
 # (pattern, replacement, why): Keras 2 spellings in Horovod's examples that Keras 3 removed.
 EXAMPLE_SPELLINGS = [

@@ -1,15 +1,22 @@
-"""Run Horovod's own TensorFlow test files against tfops: the yardstick of issue 27.
+"""Run Horovod's own TensorFlow test files against tfops: the yardstick of issues 27 and 35.
 
 ::
 
-    python scripts/horovod_tests.py /tmp/hvdtests/parallel/test_tensorflow.py --np 2
-    python scripts/horovod_tests.py /tmp/hvdtests/parallel/test_tensorflow2_keras.py --np 2 --keras3
+    python scripts/horovod_tests.py test_tensorflow.py --np 2 --no-gpu
+    python scripts/horovod_tests.py test_tensorflow2_keras.py --np 2 --keras3
+    python scripts/horovod_tests.py --elastic --keras3
+    python scripts/horovod_tests.py /some/checkout/test/parallel/test_tensorflow.py --np 2
 
-Horovod's test files are not part of this repository (get them from Horovod's
-``test/parallel/`` and ``test/utils/common.py``). Every test runs in its own
+Horovod's test files are not part of this repository. A bare name is taken
+from Horovod's git repository at ``--tag`` (default ``v0.28.1``; the
+repository is ``--horovod-git``, a bare clone such as the search tool's
+``fetch`` of ``horovod/horovod``): ``git archive`` extracts its ``test/``
+(``parallel/``, ``utils/``, ``integration/``) into a temporary directory. A
+path is used as it is (with its ``../utils``). Every test runs in its own
 ``mpirun -np N python -m pytest FILE::CLASS::TEST`` under a timeout, so one
 failing or hanging test cannot take the others with it; the table prints
-pass / fail / skip / hang per test, then the counts.
+pass / fail / skip / hang per test, then the counts. ``--elastic`` runs
+Horovod's elastic integration worker instead (scripts/horovod_elastic.py).
 
 The only change to the test is a module alias, put first on ``PYTHONPATH`` in
 a temporary directory:
@@ -45,138 +52,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from horovod_setup import (HOROVOD_GIT, KERAS3_SPELLINGS, ROOT, TAG, environment, extract,  # noqa: F401 - scripts/
+                           kill_tagged, make_alias_dir)
 
-_ALIAS = '''"""Alias package for Horovod's tests: horovod.tensorflow -> tfops (see scripts/horovod_tests.py)."""
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-
-_MAP = (("horovod.tensorflow.keras", "tfops.keras"), ("horovod.tensorflow", "tfops"),
-        ("horovod.keras", "tfops.keras"))
-if importlib.util.find_spec("tfops.util") is None:
-    _MAP = (("horovod.tensorflow.util", "tfops_util_standin"),) + _MAP
-
-
-class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):
-        for old, new in _MAP:
-            if fullname == old or fullname.startswith(old + "."):
-                return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        for old, new in _MAP:
-            if spec.name == old or spec.name.startswith(old + "."):
-                module = importlib.import_module(new + spec.name[len(old):])
-                self._spec = module.__spec__
-                return module
-
-    def exec_module(self, module):
-        module.__spec__ = self._spec       # importlib overwrote it with the alias's spec
-
-
-sys.meta_path.insert(0, _Alias())
-'''
-
-# horovod.tensorflow.util is a Horovod internal that test_tensorflow.py imports (_executing_eagerly);
-# used only where tfops has no util module of its own.
-_UTIL_STANDIN = '''"""Stand-in for the internal horovod.tensorflow.util (scripts/horovod_tests.py): tfops has no util module."""
-import tensorflow as tf
-
-
-def _executing_eagerly():
-    return tf.executing_eagerly()
-'''
-
-_COMMON_UTIL = '''from packaging import version
-
-
-def is_version_greater_equal_than(ver, target):
-    return version.parse(ver) >= version.parse(target)
-'''
-
-_K3COMPAT = '''"""Keras 3 stand-ins for Keras 2 names Horovod's Keras test file uses (scripts/horovod_tests.py --keras3)."""
-import keras
-
-
-class _OptimizerV2(keras.optimizers.Optimizer):
-    """A Keras 2 OptimizerV2 subclass's ``_resource_apply_dense(grad, var)`` as a Keras 3 ``update_step``."""
-
-    def __init__(self, name="OptimizerV2", **kwargs):
-        super().__init__(learning_rate=kwargs.pop("learning_rate", 0.0), name=name, **kwargs)
-
-    def update_step(self, gradient, variable, learning_rate):
-        self._resource_apply_dense(gradient, variable)
-
-
-class optimizer_v2:
-    OptimizerV2 = _OptimizerV2
-'''
-
-# (pattern, replacement, why): Keras 2 spellings that Keras 3 removed.
-KERAS3_SPELLINGS = [
-    (r"from keras\.optimizers\.legacy import optimizer_v2", "from hvd_k3compat import optimizer_v2",
-     "Keras 3 has no optimizer_v2; OptimizerV2._resource_apply_dense becomes a Keras 3 update_step"),
-    (r"from keras\.optimizers\.legacy import Optimizer", "from keras import optimizers as Optimizer",
-     "the file calls Optimizer.Adam(...): the optimizers module"),
-    (r"(tf\.)?keras\.optimizers\.legacy\.", r"\1keras.optimizers.",
-     "keras.optimizers.legacy.* raise ImportError in Keras 3: the Keras 3 optimizers"),
-    (r"\blr=", "learning_rate=", "Keras 3 optimizers take learning_rate="),
-    (r",\s*experimental_run_tf_function=False", "", "compile() lost experimental_run_tf_function"),
-    (r"\.lr\.numpy\(\)", ".learning_rate.numpy()", "Keras 3 optimizers have no .lr"),
-    (r"keras\.layers\.ThresholdedReLU\(0\.5\)", "keras.layers.ReLU(threshold=0.5)",
-     "ThresholdedReLU was removed in Keras 3"),
-    (r",\s*input_length=10", "", "Embedding lost input_length"),
-    (r"keras\.losses\.mean_squared_error\b", "keras.losses.mse", "tf.keras.losses lost the long function name"),
-    (r"BatchNormalization\(axis=1, fused=False\)", "BatchNormalization(axis=1)",
-     "Keras 3's BatchNormalization has no fused= (it chooses its kernel itself)"),
-    (r"\b(bn|sync_bn)\.apply\(", r"\1(", "Keras 3 layers have no Layer.apply, Keras 2's alias of calling the layer"),
-    (r"(?<![\w.])(\w+)\.ref\(\)", r"id(\1)",
-     "Keras 3 variables have no Variable.ref() (a tf.Variable method); id() keys the same objects"),
-]
 
 _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 _SUBTESTS_PASSED = re.compile(r"(\d+) subtests passed")
 _SUBFAILED = re.compile(r"SUBFAILED\[(\w+)\]")      # in the -rf summary: which half of a test failed
-
-
-def make_alias_dir(test_file: Path, keras3: bool, source: Path) -> tuple[Path, Path]:
-    """A temporary directory holding the alias package and a copy of the test file; returns both."""
-    work = Path(tempfile.mkdtemp(prefix="hvdtests-"))
-    (work / "horovod" / "common").mkdir(parents=True)
-    (work / "horovod" / "__init__.py").write_text(_ALIAS)
-    (work / "horovod" / "common" / "__init__.py").write_text("")
-    (work / "horovod" / "common" / "util.py").write_text(_COMMON_UTIL)
-    (work / "hvd_k3compat.py").write_text(_K3COMPAT)
-    if not (source / "tfops" / "util.py").exists():
-        (work / "tfops_util_standin.py").write_text(_UTIL_STANDIN)
-    tests = work / "parallel"
-    tests.mkdir()
-    source = test_file.read_text()
-    if keras3:
-        for pattern, replacement, _ in KERAS3_SPELLINGS:
-            source = re.sub(pattern, replacement, source)
-    (tests / test_file.name).write_text(source)
-    utils = test_file.parent.parent / "utils"
-    if utils.is_dir():
-        shutil.copytree(utils, work / "utils")
-    return work, tests / test_file.name
-
-
-def environment(work: Path, extra_path: list[str], source: Path) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(work), *extra_path, str(source), env.get("PYTHONPATH", "")])
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
-               TF_NUM_INTEROP_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
-    return env
 
 
 def collect(test_file: Path, env: dict) -> list[str]:
@@ -188,18 +74,6 @@ def collect(test_file: Path, env: dict) -> list[str]:
     if not ids:
         raise SystemExit(f"collected no tests from {test_file}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return ids
-
-
-def _kill_tagged(tag: str) -> None:
-    """SIGKILL the ranks of a hung job: mpirun starts them in sessions of their own (as tests/harness.py)."""
-    needle = f"HVDTESTS_TAG={tag}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) -> tuple[str, str, float]:
@@ -214,7 +88,7 @@ def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) 
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        _kill_tagged(env["HVDTESTS_TAG"])
+        kill_tagged(env["HVDTESTS_TAG"])
         out, _ = proc.communicate()
         return "hang", out[-1500:], time.monotonic() - start
     counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
@@ -235,13 +109,42 @@ def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) 
     return verdict, out[-1500:], time.monotonic() - start
 
 
+def _test_dir(args) -> Path:
+    """Horovod's ``test/``: ``--test-dir``, or extracted from ``--horovod-git`` at ``--tag``."""
+    return args.test_dir.resolve() if args.test_dir else extract(args.horovod_git, args.tag)
+
+
+def _run_elastic(args) -> int:
+    from horovod_elastic import run_elastic            # scripts/ is on sys.path: this file's directory
+    tests = _test_dir(args)
+    work, worker = make_alias_dir(tests / "integration" / "data" / "elastic_tensorflow2_main.py", args.keras3,
+                                  args.source.resolve())
+    env = environment(work, args.extra_path, args.source.resolve())
+    print(f"# {' '.join(sys.argv)}\n# Horovod {args.tag if not args.test_dir else args.test_dir}: "
+          f"integration/data/elastic_tensorflow2_main.py, allreduce-run --elastic -np 4, timeout {args.timeout:g} s",
+          flush=True)
+    results = run_elastic(work, worker, env, timeout=args.timeout, names=[n for n in args.k.split(",") if n] or None)
+    for name, (verdict, detail, seconds) in results.items():
+        print(f"{verdict:5s} {seconds:6.1f}s  {name}: {detail.splitlines()[0] if detail else ''}", flush=True)
+    if args.log:
+        args.log.write_text("".join(f"===== {v} {n}\n{d}\n" for n, (v, d, _) in results.items()))
+    print("# elastic: " + ", ".join(f"{sum(1 for v, _, _ in results.values() if v == k)} {k}"
+                                    for k in ("pass", "fail", "hang")))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("test_file", type=Path)
+    parser.add_argument("test_file", nargs="?", help="a name in Horovod's test/parallel/ at --tag, or a path")
+    parser.add_argument("--tag", default=TAG, help="Horovod's git tag to take the tests from")
+    parser.add_argument("--horovod-git", type=Path, default=HOROVOD_GIT, help="Horovod's (bare) git directory")
+    parser.add_argument("--test-dir", type=Path, help="Horovod's test/ directory, instead of --tag's")
+    parser.add_argument("--elastic", action="store_true", help="run the elastic integration worker's scenarios")
     parser.add_argument("--np", type=int, default=2, dest="np_")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per test (then: hang)")
     parser.add_argument("--jobs", type=int, default=1, help="tests run at the same time")
-    parser.add_argument("-k", default="", help="only test ids containing this")
+    parser.add_argument("-k", default="", help="only test ids containing this (--elastic: scenario names, a,b)")
     parser.add_argument("--keras3", action="store_true", help="apply KERAS3_SPELLINGS to the copy")
     parser.add_argument("--extra-path", action="append", default=[], help="test-only packages dir")
     parser.add_argument("--source", type=Path, default=ROOT,
@@ -250,12 +153,20 @@ def main(argv=None) -> int:
     parser.add_argument("--no-gpu", action="store_true",
                         help="do not launch tests named *_gpu* (they skip without a GPU): counted as 'gpu'")
     args = parser.parse_args(argv)
-
-    work, test_file = make_alias_dir(args.test_file.resolve(), args.keras3, args.source.resolve())
+    if args.elastic:
+        return _run_elastic(args)
+    if not args.test_file:
+        parser.error("give a test file (a name such as test_tensorflow.py, or a path), or --elastic")
+    given = Path(args.test_file)
+    source_file = given if given.exists() else _test_dir(args) / "parallel" / given.name
+    if not source_file.exists():
+        raise SystemExit(f"{source_file} does not exist")
+    work, test_file = make_alias_dir(source_file.resolve(), args.keras3, args.source.resolve())
     env = environment(work, args.extra_path, args.source.resolve())
     ids = [t for t in collect(test_file, env) if args.k in t]
     standin = "; horovod.tensorflow.util -> stand-in" if (work / "tfops_util_standin.py").exists() else ""
-    print(f"# {' '.join(sys.argv)}\n# {len(ids)} tests from {args.test_file}, mpirun -np {args.np_}, "
+    origin = source_file if given.exists() else f"Horovod {args.tag} test/parallel/{given.name}"
+    print(f"# {' '.join(sys.argv)}\n# {len(ids)} tests from {origin}, mpirun -np {args.np_}, "
           f"timeout {args.timeout:g} s, source {args.source}{standin}", flush=True)
     results = {}
     if args.no_gpu:
@@ -271,7 +182,7 @@ def main(argv=None) -> int:
             print(f"{verdict:5s} {seconds:6.1f}s  {test_id.split('::')[-1]}", flush=True)
     counts = {v: sum(1 for r, _ in results.values() if r == v)
               for v in ("pass", "tf1", "fail", "skip", "hang", "gpu")}
-    print(f"# {args.test_file.name} -np {args.np_}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    print(f"# {given.name} -np {args.np_}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
     if args.log:
         with args.log.open("w") as f:
             for test_id, (verdict, tail) in sorted(results.items()):
