@@ -13,27 +13,17 @@ at the start of ``fit``: XLA cannot call back into Python, and Keras 3's
 """
 from __future__ import annotations
 
-import warnings
-
 import keras
 import numpy as np
 
 import allreduce as ar
 
 from .grad_reduce import source_key
+from .lr_schedule import LearningRateScheduleCallback, LearningRateWarmupCallback, _disable_xla
 from .ops import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
            "LearningRateScheduleCallback", "BestModelCheckpoint"]
-
-
-def _disable_xla(model) -> None:
-    if getattr(model, "jit_compile", False):
-        warnings.warn("tfops: model.jit_compile was on; turning it off because XLA cannot call back into "
-                      "Python for the allreduce. Pass jit_compile=False to model.compile() to silence this.",
-                      stacklevel=3)
-        model.jit_compile = False
-        model.make_train_function(force=True)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -120,4 +110,3 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
             super().on_epoch_end(epoch, logs)
 
 
-from .lr_schedule import LearningRateScheduleCallback, LearningRateWarmupCallback  # noqa: E402  (they import _disable_xla)

@@ -21,12 +21,38 @@ rate batch by batch.
 """
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 
 import allreduce as ar
 
-__all__ = ["LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+__all__ = ["LearningRateScheduleCallback", "LearningRateWarmupCallback", "warmup_multiplier"]
+
+
+def _disable_xla(model) -> None:
+    """Turn XLA off (with a warning): a compiled step cannot call back into Python for the allreduce."""
+    if getattr(model, "jit_compile", False):
+        warnings.warn("tfops: model.jit_compile was on; turning it off because XLA cannot call back into "
+                      "Python for the allreduce. Pass jit_compile=False to model.compile() to silence this.",
+                      stacklevel=3)
+        model.jit_compile = False
+        model.make_train_function(force=True)
+
+
+def warmup_multiplier(epoch: float, size: int, warmup_epochs: float) -> float:
+    """Goyal et al.'s gradual warmup: 1/size at epoch 0, rising linearly to 1 at ``warmup_epochs``.
+
+    Args:
+        epoch: the (fractional) epoch.
+        size: ranks p; the rate starts at ``initial_lr / p``.
+        warmup_epochs: epochs the ramp takes.
+
+    Returns:
+        ``(epoch * (size - 1) / warmup_epochs + 1) / size``.
+    """
+    return (epoch * (size - 1) / warmup_epochs + 1) / size
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
@@ -64,7 +90,6 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
 
     def on_train_begin(self, logs=None):
-        from .callbacks import _disable_xla
         _disable_xla(self.model)
         if self.staircase or self.steps_per_epoch:
             return
@@ -106,10 +131,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if warmup_epochs <= 0:
             raise ValueError(f"warmup_epochs must be positive, got {warmup_epochs}")
 
-        def multiplier(epoch):
-            epoch += 1.0 / self.steps_per_epoch
-            size = ar.size()
-            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+        def multiplier(epoch):      # each batch sets the rate its end would reach, so epochs end round
+            return warmup_multiplier(epoch + 1.0 / self.steps_per_epoch, ar.size(), warmup_epochs)
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
                          momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
         self.warmup_epochs = warmup_epochs

@@ -80,8 +80,14 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
     """``(a, b, g)``: latency count and per-byte send/reduce factors of ``algorithm`` on p ranks.
 
     Only ``tree`` and ``shm`` depend on the message size. ``tree``: its pipeline of S
-    segments per half adds a stage up and one down to the one-segment path's hops; without
-    ``nbytes`` it uses the long-message limit (S >> D). ``shm`` counts its windows
+    segments per half adds a stage up and one down to the one-segment path's H hops, so
+    a = H + 2(S - 1). The bytes: each rank sends 2n in all (n/2 up and n down in the
+    tree where it is interior, n/2 up in the other), and the critical path is a stages
+    of one segment of one tree, n/(2S) each; the larger of the two bounds the time, so
+    b = 2 max(1, a/(4S)) and g = 1.5 max(1, a/(4S)). At p = 8 and one segment (H = 4):
+    4 alpha + 2 n beta + 1.5 n gamma, as ``allreduce-explain tree --ranks 8`` counts.
+    (p = 2 is one swap per segment: a = b = 2S - 1 over S.) Without ``nbytes``: the
+    long-message limit (S >> H), H alpha + 2 n beta + 1.5 n gamma. ``shm`` counts its windows
     (:func:`allreduce.transport.shared.window_bytes`: 2 MiB, or 4 MiB with more ranks than
     cores).
     """
@@ -100,9 +106,12 @@ def terms(algorithm: str, p: int, nbytes: int | None = None,
         hops, g1 = _tree_hops(p), (1.0 if p == 2 else 1.5)
         if nbytes is None:
             return hops, 2.0, g1
-        s = max(1, math.ceil(nbytes / (2 * segment_bytes)))
+        s = max(1, math.ceil(nbytes / (2 * segment_bytes))) if segment_bytes > 0 else 1
         stages = hops + 2 * (s - 1)        # each further segment adds one stage up and one down
-        return stages, stages / s, g1 * max(1.0, stages / 2) / s
+        if p == 2:                         # one swap of a whole segment per stage
+            return stages, stages / s, g1 * max(1.0, stages / 2) / s
+        fill = max(1.0, stages / (4 * s))  # the critical path's bytes, when they exceed 2n
+        return stages, 2.0 * fill, g1 * fill
     if algorithm == "mpi":
         return 2 * lg, 2 * (p - 1) / p, (p - 1) / p
     if algorithm == "shm":

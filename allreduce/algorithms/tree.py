@@ -57,16 +57,19 @@ for odd p). With one segment, the critical path for even p is H = max(D,
 once, the partner's subtree reduces in D - 1 hops, the partner finishes and
 sends down D - 1 hops, and the partner's sum reaches the root in D. (Odd p:
 the root waits one hop for rank p - 1 first; :func:`.select.terms` has the
-count.) Each further segment adds a stage up and one down; in a stage the
-busiest rank sends 2 segments of n/(2S) bytes, and a partner with two
-children reduces 3 halves::
+count.) Each further segment adds a stage up and one down: a = H + 2 (S - 1)
+stages. Bytes: every rank sends 2n in all (n/2 up and n down in the tree
+where it is interior, n/2 up in the other), while the critical path is a
+stages of one segment of one tree, n/(2S) bytes each; the larger bounds the
+time (the partner reduces 3 halves)::
 
-    T = (H + 2 (S - 1)) alpha  +  (H + 2 (S - 1))/S  n beta  +  1.5 max(1, (H + 2 (S - 1))/2)/S  n gamma
+    T = a alpha  +  2 max(1, a/(4S)) n beta  +  1.5 max(1, a/(4S)) n gamma,   a = H + 2 (S - 1)
 
 One segment (S = 1): H alpha, e.g. 2 alpha at p = 4 and 4 at p = 8, where
-plain reduce-then-broadcast takes 2D (4 and 6), a latency choice. Many
-segments (S >> D): about 2S alpha + 2 n beta + 1.5 n gamma, ring's bandwidth
-with only log p latency before the pipeline fills.
+plain reduce-then-broadcast takes 2D (4 and 6), a latency choice; at p = 16
+(H = 6) the path's 6 half-buffers outweigh the 2n: 3 n beta. Many segments
+(S >> H): about 2S alpha + 2 n beta + 1.5 n gamma, ring's bandwidth with
+only log p latency before the pipeline fills (:func:`.select.terms`).
 
 At p = 2 both trees are the one edge between the two ranks, and each rank is
 the root of one half and the partner in the other: one segment is then a

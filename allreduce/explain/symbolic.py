@@ -80,6 +80,7 @@ class Trace:
     labels: list[str]
     recording: Recording
     expected: list[np.ndarray]              # final masks each rank must hold
+    segment_bytes: int = 256 << 10          # the pipeline segment the run was given
 
     def atom_masks(self, state: np.ndarray) -> list[int]:
         return [int(state[off]) if n else 0 for off, n in self.atoms]
@@ -299,18 +300,19 @@ def explain(algorithm: str, p: int, count: int, *, collective: str = "allreduce"
     atoms, labels = _atoms(count, p, rec, states)
     name = algorithm if isinstance(algorithm, str) else algorithm.__qualname__
     return Trace(collective, name, p, count, order, states, counts, step_messages, atoms, labels,
-                 rec, expected)
+                 rec, expected, segment_bytes)
 
 
-def model_terms(collective: str, algorithm: str, p: int) -> tuple[float, float, float]:
-    """``(a, b, g)`` of the alpha-beta-gamma model: ``select.terms`` for allreduce, else from the
-    collective's module docstring."""
+def model_terms(collective: str, algorithm: str, p: int, nbytes: int | None = None,
+                segment_bytes: int = 256 << 10) -> tuple[float, float, float]:
+    """``(a, b, g)`` of the alpha-beta-gamma model: ``select.terms`` for allreduce (at ``nbytes``: the
+    same terms ``select.predict`` and ``auto`` use), else from the collective's module docstring."""
     from ..algorithms import select
     if p <= 1:
         return 0.0, 0.0, 0.0
     lg = math.ceil(math.log2(p))
     if collective == "allreduce":
-        return select.terms(algorithm, p)
+        return select.terms(algorithm, p, nbytes, segment_bytes)
     if collective == "broadcast":
         return (lg, lg, 0.0) if algorithm == "binomial" else (lg + p - 1, 2 * (p - 1) / p, 0.0)
     if collective in ("allgather", "alltoall"):

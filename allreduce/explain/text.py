@@ -87,13 +87,13 @@ def _cost(trace: Trace, rows: list[tuple[int, int, int]]) -> list[str]:
     which = trace.algorithm if trace.collective == "allreduce" else "ring"
     try:
         c = select.constants()[which]
-        a, b, g = model_terms(trace.collective, trace.algorithm, trace.p)
+        a, b, g = model_terms(trace.collective, trace.algorithm, trace.p, n, trace.segment_bytes)
     except (KeyError, ValueError):
         return [f"cost model: select.py has no alpha-beta-gamma terms for {trace.algorithm!r} "
                 "(see the cost in its module docstring)"]
     steps = max((m.depth for m in trace.recording.messages), default=0)
     mb, mg = (x / n if n else 0.0 for x in _critical_path(trace))
-    source = f"select.terms({trace.algorithm!r}, {trace.p})" if trace.collective == "allreduce" \
+    source = f"select.terms({trace.algorithm!r}, {trace.p}, n)" if trace.collective == "allreduce" \
         else f"the {trace.collective} module docstring"
     lines = [f"cost model, n = {n} bytes; terms from {source}; constants select.constants()[{which!r}]: "
              f"alpha = {c['alpha'] * 1e6:g} us, beta = {c['beta'] * 1e9:g} ns/B, gamma = {c['gamma'] * 1e9:g} ns/B"]
