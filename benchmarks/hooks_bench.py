@@ -52,6 +52,8 @@ import allreduce as ar  # noqa: E402
 from benchmarks.resnet50_shapes import keras_shapes  # noqa: E402
 
 METHODS = ("fp32", "fp16", "powersgd1", "powersgd2", "powersgd4", "onebit")
+#: ``--model small``: examples/keras_digits.py's MLP (64-64-10, 4,810 values): where a hook cannot pay.
+SMALL = [("dense.kernel", (64, 64)), ("dense.bias", (64,)), ("dense_1.kernel", (64, 10)), ("dense_1.bias", (10,))]
 
 
 class _CountingComm:
@@ -194,17 +196,19 @@ def main(argv=None) -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--steps", type=int, default=3, help="timed steps per method (the median is shown)")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--model", choices=("resnet50", "small"), default="resnet50")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every tensor's last dimension (tests)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     ar.init()
-    shapes = [s[:-1] + (max(1, round(s[-1] * args.scale)),) for _, s in keras_shapes()]
+    model = keras_shapes() if args.model == "resnet50" else SMALL
+    shapes = [s[:-1] + (max(1, round(s[-1] * args.scale)),) for _, s in model]
     rng = np.random.default_rng(ar.rank())
     grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     comm = ar.communicator()
     hosts, n = comm.nodes, sum(math.prod(s) for s in shapes)
     header = [f"# {' '.join(['python', *sys.argv])}",
-              f"# ResNet-50 (Keras): {len(shapes)} tensors, {n:,} float32, one grouped call per step; {ar.size()} "
+              f"# {'ResNet-50 (Keras)' if args.model == 'resnet50' else 'the digits MLP'}: {len(shapes)} tensors, {n:,} float32, one grouped call per step; {ar.size()} "
               f"ranks on {hosts} host(s); medians of {args.steps} steps after {args.warmup} warm-up; "
               "exchange: the slowest rank's; host tx: the busiest host's interface"]
     rows = []
@@ -216,7 +220,7 @@ def main(argv=None) -> None:
         print("\n".join(table(rows, header)), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": ar.size(), "hosts": hosts, "tensors": len(shapes), "elements": n,
+                json.dump({"model": args.model, "ranks": ar.size(), "hosts": hosts, "tensors": len(shapes), "elements": n,
                            "steps": args.steps, "rows": rows}, f, indent=1)
     ar.shutdown()
 

@@ -62,7 +62,7 @@ def test_section_goals_are_ratios_of_one_run():
                       {"method": "powersgd4", "step_ms": 20.0, "evals": [(10, 0.2, 0.94), (20, 0.4, 0.95)]},
                       {"method": "compute", "step_ms": 10.0, "evals": []}]}
     lines = hooks_section.goals({"bench_2x1": bench, "bench_2x2": bench, "bench_one_node": bench,
-                                 "train_2x1": train, "train_one_node": train})
+                                 "bench_small_2x1": bench, "train_2x1": train})
     text = "\n".join(lines)
     assert "fp32 / PowerSGD rank 4 (ResNet-50): 62.5x" in text and "(goal >= 50x): met" in text
     assert "fp16 / PowerSGD rank 4: 10.00x (goal >= 8x): met" in text
