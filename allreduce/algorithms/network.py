@@ -53,6 +53,7 @@ __all__ = ["Link", "parse_link", "probe", "cross_terms", "predict", "ranked", "N
 #: Algorithms with a network model (``shm`` needs one node).
 NET_ALGORITHMS = ("ring", "tree", "rhd", "rd", "mpi", "hierarchical")
 _PINGS, _BIG, _REPEATS = 20, 1 << 20, 2
+_MAX_BIG, _MIN_ONE_WAY = 16 << 20, 2.5e-3   # the probe's largest m; one way of m must take this long
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
@@ -89,13 +90,18 @@ def probe(transport, node_ids: list[int]) -> Link:
     """Measure the link between the first two nodes (collective over ``transport``: every rank calls it).
 
     Steps: 1. rank 0 and the lowest rank of another node swap 8 bytes ``_PINGS`` times (median
-    round trip / 2 = alpha); 2. they swap 1 MiB and 4 MiB, best of ``_REPEATS`` round trips each:
-    beta is the slope between the two, so what a token bucket lets through at once (tbf's burst,
-    512 KiB on the namespace cluster: a 1 MiB round trip alone read 1.36 Gbit/s on a 1 Gbit/s
-    link) or a fixed cost per message cancels out; 3. rank 0 broadcasts both. Everyone else
-    waits in step 3. Where the burst exceeds 1 MiB (the cluster's 10gbit links: 2 ms of rate,
-    2.5 MB) and the cores bound the rate, the slope is noisy: 2.9 to 12.5 Gbit/s in three
-    report runs against a 6.9 Gbit/s TCP stream. It only ranks the contenders; the tuner decides.
+    round trip / 2 = alpha); 2. they swap m and 4m bytes, best of ``_REPEATS`` round trips each,
+    and beta is the slope between the two, so a fixed cost per message cancels out; 3. rank 0
+    broadcasts both. Everyone else waits in step 3.
+
+    The slope is the link's rate only if *both* sizes exceed what a token bucket lets through
+    unshaped (tbf's burst: 512 KiB, or 2 ms of rate, on the namespace cluster): the bytes of the
+    burst then cancel too. m starts at 1 MiB and grows 4x while one way of an m round trip took
+    under ``_MIN_ONE_WAY`` (2.5 ms: more than such a burst takes at the rate), up to 16 MiB. Before
+    this rule m was always 1 MiB: at 10 Gbit/s (a 2.5 MB burst) the 1 MiB round trip went through
+    the burst entirely and the 4 MiB one mostly, and the slope read 18.2 Gbit/s on a link whose
+    TCP stream carried 6.8 (issue 34). At 1 Gbit/s m stays 1 MiB (above the 512 KiB burst).
+    Nor may beta promise a faster rate than the 4m round trip achieved on average (burst and all).
     """
     peer = next(r for r, node in enumerate(node_ids) if node != node_ids[0])
     out = np.zeros(2, np.float64)
@@ -105,11 +111,30 @@ def probe(transport, node_ids: list[int]) -> Link:
         ping = np.zeros(1, np.float64)
         rtts = [_round_trip(transport, ping, other, me == 0) for _ in range(_PINGS + 1)][1:]
         alpha = sorted(rtts)[len(rtts) // 2] / 2
-        t1, t4 = (min(_round_trip(transport, np.zeros(size // 8), other, me == 0) for _ in range(_REPEATS))
-                  for size in (_BIG, 4 * _BIG))
-        out[:] = alpha, max((t4 - t1) / 2, 1e-3 * t4) / (3 * _BIG)
+        size, t1 = _BIG, _best_round_trip(transport, _BIG, other, me == 0)
+        while size < _MAX_BIG and _bigger(transport, t1 / 2 < _MIN_ONE_WAY, other, me == 0):
+            size, t1 = 4 * size, _best_round_trip(transport, 4 * size, other, me == 0)
+        t4 = _best_round_trip(transport, 4 * size, other, me == 0)
+        # the slope, but never a faster rate than the 4m round trip's own average: the slope is a
+        # difference of two noisy times, and under load it once read 4.8 Gbit/s on a 1 Gbit/s link
+        out[:] = alpha, max((t4 - t1) / (2 * 3 * size), t4 / (2 * 4 * size))
     broadcast(transport, out, 0)
     return Link(float(out[0]), float(out[1]), "measured")
+
+
+def _best_round_trip(transport, nbytes: int, other: int, first: bool) -> float:
+    buf = np.zeros(nbytes // 8)
+    return min(_round_trip(transport, buf, other, first) for _ in range(_REPEATS))
+
+
+def _bigger(transport, mine: bool, other: int, first: bool) -> bool:
+    """Both ends take the first side's answer (they timed the same round trips, each its own way)."""
+    flag = np.array([1.0 if mine else 0.0])
+    if first:
+        transport.send(flag, other)
+    else:
+        transport.recv(flag, other)
+    return bool(flag[0])
 
 
 def _round_trip(transport, buf: np.ndarray, other: int, first: bool) -> float:

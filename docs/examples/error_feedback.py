@@ -8,7 +8,10 @@ is kept per tensor and added to the next one: the residual grows until it
 is representable, is sent, and the sum over the steps comes out right.
 
     python docs/examples/error_feedback.py
+    python docs/examples/error_feedback.py bf16     # the same run with Compression.bf16 (lesson 6's exercise)
 """
+import sys
+
 import numpy as np
 
 from allreduce import Average, Config
@@ -33,7 +36,9 @@ def total_update(compression) -> float:
     return total
 
 
+CHOICES = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16,
+           "fp16 + error feedback": Compression.fp16.with_error_feedback()}
+chosen = ["none", *sys.argv[1:]] if sys.argv[1:] else ["none", "fp16", "fp16 + error feedback"]
 print(f"exact sum of {STEPS} averaged gradients: {STEPS * GRAD:.3e}")
-for label, compression in [("none", Compression.none), ("fp16", Compression.fp16),
-                           ("fp16 + error feedback", Compression.fp16.with_error_feedback())]:
+for label, compression in [(name, CHOICES[name]) for name in chosen]:
     print(f"{label:>22}: {total_update(compression):.3e}")
