@@ -118,6 +118,12 @@ def test_launcher_reset_limit_flag_and_summary_lines():
     summary.feed("allreduce-elastic: run(train) finished with 2 ranks (started with 3)")
     assert summary.report(0) == ("allreduce-run: elastic job finished with 2 of 3 ranks; rank 2 failed with "
                                  "ValueError: bad record 17; rank(s) 2 died at 10:00:00.000 UTC", 0)
+    below = launch.Summary(3)                                   # below --min-np: the death is named, once
+    for _ in range(2):
+        below.feed("allreduce-elastic: below --min-np 3: rank(s) 1 died and 2 rank(s) are left; the last commit "
+                   "was commit 2 (step=10); stopping")
+    assert below.report(0) == ("allreduce-run: elastic job stopped below --min-np: rank(s) 1 died",
+                               launch.BELOW_MIN_EXIT)
     limit = launch.Summary(3)
     limit.feed("allreduce-elastic: reset limit 0 reached: the world was reset 0 time(s) and ...; stopping")
     assert limit.report(0) == ("allreduce-run: elastic job stopped: reset limit 0 reached: the world was reset "

@@ -51,7 +51,7 @@ _DIED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) died \(noticed at ([
 _JOINED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) joined \(spawned at ([\d:.]+ UTC)\)")
 _NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
-_BELOW = re.compile(re.escape(MARK) + r" below --min-np")
+_BELOW = re.compile(re.escape(MARK) + r" below --min-np(?: \d+: rank\(s\) ([\d, ]+) died)?")
 _STUCK = re.compile(re.escape(MARK) + r" (.+?) stuck inside Open MPI in (.+?) for (\d+) s")
 _RAISED = re.compile(re.escape(MARK) + r" rank (\d+) raised (.*); it leaves the job")
 _LIMIT = re.compile(re.escape(MARK) + r" (reset limit \d+ reached: .*)$")
@@ -156,8 +156,11 @@ class Summary:
             self.events.append(f"spawning {m.group(1)} replacement(s) failed")
         elif (m := _FINISHED.search(line)) is not None:
             self.finished = int(m.group(1))
-        elif _BELOW.search(line):
-            self.below = True
+        elif (m := _BELOW.search(line)) is not None:
+            self.below = True                # every survivor says it: count the death once
+            if m.group(1) and (m.group(1), "") not in self.deaths:
+                self.deaths.append((m.group(1), ""))
+                self.events.append(f"rank(s) {m.group(1)} died")
         elif (m := _STUCK.search(line)) is not None:
             self.stuck.append(f"{m.group(1)} in {m.group(2)} for {m.group(3)} s")
         elif (m := _RAISED.search(line)) is not None:
