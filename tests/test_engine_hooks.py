@@ -186,3 +186,13 @@ def test_onebit_sign_kernels_match_numpy(n):
         assert np.isclose(scale, np.abs(x.astype(np.float64)).mean() if n else 0.0, rtol=1e-12, atol=0)
         assert np.array_equal(error, x - approx)
         assert np.array_equal(decompress_signs(bits, scale, n, dtype), approx)
+
+
+def test_a_name_whose_shape_or_dtype_changes_starts_its_state_over():
+    p, rng = 2, np.random.default_rng(5)
+    hooks = [ar.PowerSGD(rank=16, start_iter=0, min_compression_rate=0) for _ in range(p)]
+    with engines(p) as engs:
+        for shape, dtype in [((8, 8), np.float32), ((4, 16), np.float32), ((4, 16), np.float64)]:
+            x = {"w": [rng.standard_normal(shape).astype(dtype) for _ in range(p)]}
+            got = _step(engs, hooks, x)["w"][0]
+            np.testing.assert_allclose(got, np.mean(x["w"], axis=0), atol=1e-5)

@@ -147,7 +147,7 @@ class PowerSGD(CommHook):
         self.min_compression_rate = float(min_compression_rate)
         self.error_feedback, self.warm_start, self.seed = bool(error_feedback), bool(warm_start), int(seed)
         self.name = (f"PowerSGD(rank={self.rank}, start_iter={self.start_iter}, min_compression_rate="
-                     f"{self.min_compression_rate:g}, error_feedback={self.error_feedback}, "
+                     f"{self.min_compression_rate!r}, error_feedback={self.error_feedback}, "
                      f"warm_start={self.warm_start}, seed={self.seed})")
 
     def compresses(self, shape: tuple, reductions: int = 1 << 62) -> int:
@@ -200,14 +200,14 @@ class PowerSGD(CommHook):
             m = bucket.arrays[i].reshape(rows, cols)
             if self.error_feedback:
                 e = errors.get(name)
-                if e is None or e.shape != m.shape:
+                if e is None or e.shape != m.shape or e.dtype != m.dtype:   # new, or the name's shape changed
                     e = errors[name] = m.copy()
                 else:
                     e += m
                 m = e
             ms.append(m)
             qt = qs.get(name) if self.warm_start else None
-            qts.append(qt if qt is not None else
+            qts.append(qt if qt is not None and qt.shape == (r, cols) and qt.dtype == dtype else
                        np.ascontiguousarray(self._initial_q(name, cols, r, dtype, steps.get(name, 0)).T))
         p_at = np.cumsum([0] + [rows * r for _, rows, _, r in low])
         q_at = np.cumsum([0] + [cols * r for _, _, cols, r in low])
