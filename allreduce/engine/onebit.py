@@ -69,6 +69,13 @@ def _signs(x, scale, bits, error):
 
 
 @njit(nogil=True, cache=True)
+def _add_signs(bits, scale, acc):
+    """acc += scale * sign, the signs from packed bits (1: +)."""
+    for i in range(acc.size):
+        acc[i] += scale if (bits[i >> 3] >> (7 - (i & 7))) & 1 else -scale
+
+
+@njit(nogil=True, cache=True)
 def _expand(bits, scale, out):
     """out = scale * sign, the signs from packed bits (1: +)."""
     for i in range(out.size):
@@ -121,14 +128,17 @@ class OneBit(CommHook):
         to_owner: list[list[np.ndarray]] = [[] for _ in range(p)]
         for name, x, b in zip(bucket.names, bucket.arrays, bounds):
             e = worker.get(name)
-            x = x + e if e is not None and e.size == x.size else x.copy()
+            if e is None or e.size != x.size or e.dtype != x.dtype:   # new, or the name changed shape
+                e = worker[name] = x.copy()
+            else:
+                e += x                                        # x + error, in the error's own buffer
+            x = e
             for j in range(p):
                 chunk = x[b[j]:b[j + 1]]
                 scale = _mean_abs(chunk)
                 bits = np.empty((chunk.size + 7) // 8, np.uint8)
                 _signs(chunk, dtype.type(scale), bits, chunk)     # the chunk becomes its error, in place
-                to_owner[j].append(_message(bits, scale))
-            worker[name] = x                                  # now the new worker error
+                to_owner[j].append(_message(bits, scale))      # (x is now the new worker error)
         send_parts = [np.concatenate(parts) if parts else np.empty(0, np.uint8) for parts in to_owner]
         mine = sum((b[me + 1] - b[me] + 7) // 8 + _SCALE_BYTES for b in bounds)   # bytes from each rank
         recv = np.empty(mine * p, np.uint8)
@@ -140,7 +150,7 @@ class OneBit(CommHook):
             y = np.zeros(n, np.float64)
             for i in range(p):                                # rank order: the same sum on every owner
                 bits, scale, at[i] = _read(recv, at[i], n)
-                y += decompress_signs(bits, scale, n, np.float64)
+                _add_signs(bits, scale, y)
             y = (y / p).astype(dtype)
             f = server.get(name)
             if f is not None and f.size == n:
