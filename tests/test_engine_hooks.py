@@ -199,3 +199,35 @@ def test_a_name_whose_shape_or_dtype_changes_starts_its_state_over(kind):
             got = _step(engs, hooks, x)["w"][0]                     # (bitwise the same on both ranks)
             if kind == "powersgd":
                 np.testing.assert_allclose(got, np.mean(x["w"], axis=0), atol=1e-5)
+
+
+class _Plain(ar.CommHook):
+    """A user's hook: one plain allreduce of the bucket (or, ``broken``, one result too few)."""
+
+    def __init__(self, broken=False):
+        self.broken, self.name = broken, f"Plain(broken={broken})"
+
+    def reduce(self, bucket, comm, state):
+        state.setdefault("buckets", []).append(len(bucket))
+        buf = np.concatenate(bucket.arrays)
+        comm.allreduce(buf, bucket.op)
+        parts = np.split(buf, np.cumsum([a.size for a in bucket.arrays])[:-1])
+        return parts[:-1] if self.broken else parts
+
+
+def test_a_users_hook_runs_per_bucket_and_a_bad_return_fails_that_bucket_on_every_rank():
+    p = 3
+    tensors = {f"t{i}": [np.full((2, 3), r + i, np.float64) for r in range(p)] for i in range(3)}
+    hooks = [_Plain() for _ in range(p)]
+    with engines(p, cycle_time=50) as engs:
+        res = _step(engs, hooks, tensors, Op.SUM)
+        assert all(res[f"t{i}"][0].tolist() == [[3.0 + 3 * i] * 3] * 2 for i in range(3))
+        assert sum(hooks[0].state(engs[0].comm)["buckets"]) == 3           # fused (usually one bucket of 3)
+        bad = [e.submit(np.ones(4), name="b", comm_hook=_Plain(broken=True)) for e in engs]
+        messages = set()
+        for h in bad:
+            with pytest.raises(ar.AllreduceError, match="returned 0 results for a bucket of 1") as info:
+                h.wait(20)
+            messages.add(str(info.value).split(":", 1)[1])             # the same after "rank r:"
+        assert len(messages) == 1
+        assert _step(engs, hooks, {"after": [np.ones(2)] * p}, Op.SUM)["after"][0].tolist() == [3.0, 3.0]

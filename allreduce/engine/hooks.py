@@ -38,6 +38,12 @@ keeps every rank's state in step. ``hook.reset()`` empties it by hand
 (call it on every rank). A hook object may serve several engines at once
 (thread ranks in tests): each communicator has its own state.
 
+Errors. A hook that raises, or returns the wrong number or sizes of results,
+fails its bucket's handles on that rank and the engine goes on. It must fail
+alike on every rank (decide only from agreed data: names, shapes, op, its
+settings and its state), or its peers wait in a collective it never entered
+until the transport timeout, which stops the engine everywhere.
+
 Cost: what the hook sends. A compressor: one allreduce of the bucket's wire
 bytes, 2 n (p-1)/p x wire bytes per rank on a ring. PowerSGD and OneBit:
 their module docstrings.
