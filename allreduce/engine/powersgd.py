@@ -11,8 +11,8 @@ drawn from ``seed`` and the tensor's name::
     M_i = G_i + e_i           add last step's error (error feedback)
     P_i = M_i Q               rows x r
               ── allreduce all P's of the bucket, ONE call ──>   P = avg_i M_i Q
-                                                                 P = orthonormalise(P)
-    Q_i = M_i^T P             cols x r     (Gram-Schmidt, column by column)
+                                                                 P = orthonormalise(P): Gram-Schmidt,
+    Q_i = M_i^T P             cols x r (sent as Q_i^T)           column by column, in float64
               ── allreduce all Q's of the bucket, ONE call ──>   Q = avg_i M_i^T P
                                                                  out = P Q^T = P P^T avg M
     e_i = M_i - out           what this rank's share missed      (avg M projected on P's columns)
@@ -27,15 +27,15 @@ Which tensors: one is compressed only where
 ``(rows + cols) * r * min_compression_rate < rows * cols`` and it has been
 reduced ``start_iter`` times already (PyTorch's docs advise ~10% of
 training). The rest (vectors, small matrices, every tensor before
-``start_iter``) are packed into ONE plain allreduce: exactly plain
-allreduce's result.
+``start_iter``) are packed into ONE plain allreduce: plain allreduce's
+result (bit for bit wherever the sum is exact: tests/test_engine_hooks.py).
 
 Cost per rank and step, for one rows x cols tensor at rank r:
 ``(rows + cols) * r`` elements in two allreduces, against ``rows * cols``
 for plain allreduce; ResNet-50 at r = 4: 62x fewer elements (issue 32).
-Compute: two matrix products ``2 * rows * cols * r`` multiply-adds each, plus
-``rows * cols * r`` for the output; three allreduces (plain, P, Q) per bucket,
-so three latencies instead of one.
+Compute: two matrix products of ``rows * cols * r`` multiply-adds each (M Q
+and P^T M), and as many again for the output; three allreduces (plain, P, Q)
+per bucket, so three latencies instead of one.
 
 Bitwise identical on every rank: P and Q come out of allreduces (the same
 bits on every rank: the engine's guarantee), and orthonormalising P and
