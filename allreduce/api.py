@@ -221,8 +221,8 @@ def allreduce_async(x, name: str | None = None, op=Op.AVERAGE, compression=Compr
         compression: ``ar.Compression.none`` (default), ``.fp16``, ``.bf16`` or your own compressor.
         comm_hook: an ``ar.CommHook`` that reduces the tensor's fused bucket instead
             (``ar.PowerSGD(...)``, ``ar.OneBit()``; allreduce/engine/hooks.py). Then
-            ``compression`` must be none. The same hook settings on every rank, else
-            ``MismatchError`` on every rank.
+            ``compression`` must be none, and ``name`` given: the hook keeps its state per
+            name. The same hook settings on every rank, else ``MismatchError`` on every rank.
 
     Returns:
         A :class:`~allreduce.engine.Handle`: ``wait()`` returns the result, ``done()`` polls.

@@ -156,10 +156,11 @@ def test_compression_is_a_hook_and_bad_hook_arguments_raise_before_anything_is_s
                 (dict(x=np.ones(4, np.int32)), "float32 and float64"),
                 (dict(x=np.ones(4, np.float32), op=Op.MAX), "Sum or an Average"),
                 (dict(x=np.ones(4, np.float32), compression=Compression.fp16), "not both"),
-                (dict(x=np.ones(4, np.float32), hook=object()), "must be an ar.CommHook")]:
+                (dict(x=np.ones(4, np.float32), hook=object()), "must be an ar.CommHook"),
+                (dict(x=np.ones(4, np.float32), name=None), "per tensor name; name the tensor")]:
             x = kwargs.pop("x")
             with pytest.raises(InvalidArgumentError, match=match):
-                e.submit(x, name="bad", comm_hook=kwargs.pop("hook", hook), **kwargs)
+                e.submit(x, name=kwargs.pop("name", "bad"), comm_hook=kwargs.pop("hook", hook), **kwargs)
         with pytest.raises(InvalidArgumentError, match="submit the arrays one by one"):
             e.submit_group([np.ones((4, 4), np.float32)], name="g", comm_hook=hook)
     for bad in [dict(rank=0), dict(start_iter=-1), dict(min_compression_rate=-1)]:

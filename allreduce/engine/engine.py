@@ -133,6 +133,10 @@ class Engine(EngineThread):
         # is recognised by identity (~0.1 us) instead of checked again (~0.6 us of a ~2 us submit).
         if comm_hook is not None:
             compression = resolve(compression, comm_hook, self.rank)
+            if name is None and not compression.direct_ok:
+                raise InvalidArgumentError(f"rank {self.rank}: comm hook {compression.name} keeps its state "
+                                           "(errors, warm starts, step counts) per tensor name; name the "
+                                           "tensor (the same name every step)")
         checked = self._checked
         if not (x.__class__ is np.ndarray and x.dtype is checked[0] and op is checked[1]
                 and compression is checked[2] and (not inplace or x.flags.writeable)):
