@@ -34,9 +34,9 @@ communicator: a hook that meets a new communicator (a new engine after
 changed) starts there from empty state, and the old state goes with the old
 communicator. Error feedback from ranks that are gone would be wrong, and a
 restarted rank has none: resetting on every rank is the one choice that
-keeps every rank's state in step (tests/test_engine_hooks_mpi.py kills a
-rank of an ``--elastic`` run and watches the survivors' hook count start
-over). ``hook.reset()`` empties it by hand
+keeps every rank's state in step (tests/test_elastic_hooks.py kills a rank
+of an ``--elastic`` run: after the recovery the survivors' hook reduces as a
+new one would). ``hook.reset()`` empties it by hand
 (call it on every rank). A hook object may serve several engines at once
 (thread ranks in tests): each communicator has its own state.
 
