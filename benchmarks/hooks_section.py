@@ -150,7 +150,7 @@ def render(log: list[str], data: dict) -> str:
 
 def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
     """Replace this section in BENCHMARKS.md (or append it), leaving every other section as it is."""
-    page = path.read_text()
+    page = path.read_text() if path.is_file() else ""
     parts = re.split(r"^(?=## )", page, flags=re.M)
     kept = [p for p in parts if not p.startswith(f"## {TITLE}")]
     path.write_text("".join(kept).rstrip() + "\n\n" + text)
@@ -159,12 +159,13 @@ def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--from-results", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="the page whose section it writes")
     args = parser.parse_args(argv)
     if args.from_results:
         saved = json.loads((RESULTS / "hooks.json").read_text())
         text = render(saved["log"], saved)
         (RESULTS / "hooks.txt").write_text(text)
-        write_section(text)
+        write_section(text, Path(args.out))
         return 0
     if os.geteuid() != 0:
         raise SystemExit("hooks_section: the cluster needs root (network namespaces)")
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
     (RESULTS / "hooks.json").write_text(json.dumps(data, indent=1) + "\n")
     text = render(log, data)
     (RESULTS / "hooks.txt").write_text(text)
-    write_section(text)
+    write_section(text, Path(args.out))
     print(text)
     return 0
 
