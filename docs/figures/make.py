@@ -18,6 +18,9 @@ Every picture comes from something the project computes or recorded:
   allreduce, drawn from the timelines in docs/examples (lesson 9);
 * ``lr-warmup.png``: the learning rate ``LearningRateWarmupCallback`` sets per
   batch (``tfops.lr_schedule.warmup_multiplier``), after Goyal et al. (2017).
+* ``large-batch.png``: lesson 15's lab, test accuracy against global batch per
+  method, from its recorded run (``allreduce-run -np 2 python examples/large_batch.py
+  --quick --json docs/examples/large_batch.json``).
 """
 from __future__ import annotations
 
@@ -159,6 +162,13 @@ def lr_warmup(out: Path) -> None:
     plt.close(fig)
 
 
+def large_batch(out: Path) -> None:
+    """Lesson 15: test accuracy against global batch per method, from the lab's recorded --quick run."""
+    import runpy
+    draw = runpy.run_path(str(ROOT / "examples" / "large_batch_plot.py"))["draw"]
+    draw(json.loads((ROOT / "docs" / "examples" / "large_batch.json").read_text()), out)
+
+
 FIGURES = {
     "ps-vs-ring.png": ps_vs_ring,
     "ring-p4.png": explained("ring", 4, 8),
@@ -168,6 +178,7 @@ FIGURES = {
     "timeline-hooks.png": timeline("hooks"),
     "timeline-tape.png": timeline("tape"),
     "lr-warmup.png": lr_warmup,
+    "large-batch.png": large_batch,
 }
 
 

@@ -26,8 +26,10 @@ In clip mode ``eta`` is itself a rate (apex uses 0.02); in scale mode it multipl
 
 Excluded variables take the plain rule: no trust ratio (``rate = lr``) and no weight decay.
 By default every variable of rank <= 1 is excluded, the biases and the normalisation layers'
-gamma and beta, as in the paper's successors (their norms say nothing about a layer's scale,
-and a bias that starts at zero would get a trust ratio of 1 forever). More by name:
+gamma and beta, as in the paper's successors (their norms say nothing about a layer's scale;
+a bias that starts at zero has none to trust: a first step at ``lr``, then fractions of a small norm).
+Excluded variables step at the global rate, which LARS sets far above SGD's; that suits networks
+with batch normalisation, not necessarily a plain MLP's biases (lesson 15 shows both). More by name:
 ``exclude_from_weight_decay=["embedding"]``, ``exclude_from_layer_adaptation=["head"]`` (regular
 expressions searched in ``variable.name``; a list given to only one of them does not apply to the
 other), or later, before the first step, with the methods of the same names.
