@@ -50,6 +50,7 @@ import numpy as np  # noqa: E402
 
 import allreduce as ar  # noqa: E402
 from benchmarks.resnet50_shapes import keras_shapes  # noqa: E402
+from benchmarks.common import command_line  # noqa: E402
 
 METHODS = ("fp32", "fp16", "powersgd1", "powersgd2", "powersgd4", "onebit")
 #: ``--model small``: examples/keras_digits.py's MLP (64-64-10, 4,810 values): where a hook cannot pay.
@@ -207,7 +208,7 @@ def main(argv=None) -> None:
     grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     comm = ar.communicator()
     hosts, n = comm.nodes, sum(math.prod(s) for s in shapes)
-    header = [f"# {' '.join(['python', *sys.argv])}",
+    header = [f"# {command_line()}",
               f"# {'ResNet-50 (Keras)' if args.model == 'resnet50' else 'the digits MLP'}: {len(shapes)} tensors, {n:,} float32, one grouped call per step; {ar.size()} "
               f"ranks on {hosts} host(s); medians of {args.steps} steps after {args.warmup} warm-up; "
               "exchange: the slowest rank's; host tx: the busiest host's interface"]

@@ -43,6 +43,7 @@ import keras  # noqa: E402
 
 import tfops  # noqa: E402
 from keras_digits import load_data  # noqa: E402
+from benchmarks.common import command_line  # noqa: E402
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -113,7 +114,7 @@ def summary(runs: list[dict], args) -> list[str]:
     compute = next(r for r in runs if r["method"] == "compute")
     target = base["evals"][-1][2] - 0.01
     fp16 = next((r for r in runs if r["method"] == "fp16"), None)
-    out = [f"# {' '.join(['python', *sys.argv])}",
+    out = [f"# {command_line()}",
            f"# MLP 64-{args.width}-{args.width}-10 on digits, {tfops.size()} ranks, global batch {args.batch}, "
            f"{args.steps} steps, SGD lr {args.lr} momentum 0.9, eval every {args.eval_every} steps; "
            f"clock: training steps 2.. only",
