@@ -112,6 +112,10 @@ KERAS3_SPELLINGS = [
     (r"BatchNormalization\(axis=1, fused=False\)", "BatchNormalization(axis=1)",
      "Keras 3's BatchNormalization has no fused= (it chooses its kernel itself)"),
     (r"\b(bn|sync_bn)\.apply\(", r"\1(", "Keras 3 layers have no Layer.apply, Keras 2's alias of calling the layer"),
+    (r"def update_step\(self, gradient, variable\):", "def update_step(self, gradient, variable, learning_rate=None):",
+     "Keras 3 calls update_step(gradient, variable, learning_rate) (0.28.1's TestingOptimizer: Keras 2.11's API)"),
+    (r"super\(\)\.__init__\(name=name, \*\*kwargs\)", "super().__init__(learning_rate=0.1, name=name, **kwargs)",
+     "Keras 3's Optimizer takes learning_rate (Keras 2.11 built it in _build_learning_rate(0.1))"),
     (r"(?<![\w.])(\w+)\.ref\(\)", r"id(\1)",
      "Keras 3 variables have no Variable.ref() (a tf.Variable method); id() keys the same objects"),
 ]

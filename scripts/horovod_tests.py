@@ -14,7 +14,9 @@ repository is ``--horovod-git``, a bare clone such as the search tool's
 (``parallel/``, ``utils/``, ``integration/``) into a temporary directory. A
 path is used as it is (with its ``../utils``). Every test runs in its own
 ``mpirun -np N python -m pytest FILE::CLASS::TEST`` under a timeout, so one
-failing or hanging test cannot take the others with it; the table prints
+failing or hanging test cannot take the others with it (``--chunk N``: N tests per
+``mpirun``, TensorFlow imported once; a test without a verdict, or a chunk that
+hangs, runs again alone); the table prints
 pass / fail / skip / hang per test, then the counts. ``--elastic`` runs
 Horovod's elastic integration worker instead (scripts/horovod_elastic.py).
 
@@ -109,6 +111,49 @@ def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) 
     return verdict, out[-1500:], time.monotonic() - start
 
 
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SUBFAILED\[(\w+)\]) (\S+::\S+)", re.M)   # -rA summary lines
+
+
+def run_chunk(test_ids: list[str], test_file: Path, np_: int, timeout: float, env: dict) -> list[tuple]:
+    """One mpirun for several tests (TensorFlow's import once, not per test); returns (id, verdict, tail,
+    seconds) per test. A test the summary gives no verdict for (skipped: pytest names only its line;
+    not reached), and every test of a chunk that hangs, runs again alone (:func:`run_one`)."""
+    if len(test_ids) == 1:
+        return [(test_ids[0], *run_one(test_ids[0], test_file, np_, timeout, env))]
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "pytest",
+           "-q", "-p", "no:cacheprovider", "--color=no", "-rA", *test_ids]   # mpirun's pty would color
+    env = dict(env, HVDTESTS_TAG=uuid.uuid4().hex)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(env["HVDTESTS_TAG"])
+        out = ""
+    seconds = (time.monotonic() - start) / len(test_ids)
+    seen: dict[str, list[str]] = {t: [] for t in test_ids}
+    for kind, mode, test_id in _OUTCOME.findall(out):
+        if test_id in seen:
+            seen[test_id].append(f"SUB:{mode}" if mode else kind)
+    results = []
+    for test_id, kinds in seen.items():
+        modes = {k[4:] for k in kinds if k.startswith("SUB:")}
+        if "FAILED" in kinds or "ERROR" in kinds or modes - {"graph_mode"}:
+            verdict = "fail"
+        elif modes:
+            verdict = "tf1" if kinds.count("PASSED") >= np_ else "fail"   # only the TF1-session half failed
+        elif kinds.count("PASSED") >= np_:
+            verdict = "pass"
+        else:
+            results.append((test_id, *run_one(test_id, test_file, np_, timeout, env)))
+            continue
+        lines = [line for line in out.splitlines() if test_id in line and not line.startswith("PASSED")]
+        results.append((test_id, verdict, "\n".join(lines)[-1500:], seconds))
+    return results
+
+
 def _test_dir(args) -> Path:
     """Horovod's ``test/``: ``--test-dir``, or extracted from ``--horovod-git`` at ``--tag``."""
     return args.test_dir.resolve() if args.test_dir else extract(args.horovod_git, args.tag)
@@ -142,8 +187,10 @@ def main(argv=None) -> int:
     parser.add_argument("--test-dir", type=Path, help="Horovod's test/ directory, instead of --tag's")
     parser.add_argument("--elastic", action="store_true", help="run the elastic integration worker's scenarios")
     parser.add_argument("--np", type=int, default=2, dest="np_")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per test (then: hang)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per mpirun (then: hang)")
     parser.add_argument("--jobs", type=int, default=1, help="tests run at the same time")
+    parser.add_argument("--chunk", type=int, default=1,
+                        help="tests per mpirun (TensorFlow imported once per chunk; default 1: each alone)")
     parser.add_argument("-k", default="", help="only test ids containing this (--elastic: scenario names, a,b)")
     parser.add_argument("--keras3", action="store_true", help="apply KERAS3_SPELLINGS to the copy")
     parser.add_argument("--extra-path", action="append", default=[], help="test-only packages dir")
@@ -167,19 +214,19 @@ def main(argv=None) -> int:
     standin = "; horovod.tensorflow.util -> stand-in" if (work / "tfops_util_standin.py").exists() else ""
     origin = source_file if given.exists() else f"Horovod {args.tag} test/parallel/{given.name}"
     print(f"# {' '.join(sys.argv)}\n# {len(ids)} tests from {origin}, mpirun -np {args.np_}, "
-          f"timeout {args.timeout:g} s, source {args.source}{standin}", flush=True)
+          f"timeout {args.timeout:g} s, {args.chunk} per mpirun, source {args.source}{standin}", flush=True)
     results = {}
     if args.no_gpu:
         for t in [t for t in ids if "gpu" in t.split("::")[-1]]:
             results[t] = ("gpu", "not launched: a GPU test (--no-gpu)")
             ids.remove(t)
+    chunks = [ids[i:i + args.chunk] for i in range(0, len(ids), max(1, args.chunk))]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_one, t, test_file, args.np_, args.timeout, env): t for t in ids}
+        futures = [pool.submit(run_chunk, c, test_file, args.np_, args.timeout, env) for c in chunks]
         for fut in concurrent.futures.as_completed(futures):
-            test_id = futures[fut]
-            verdict, tail, seconds = fut.result()
-            results[test_id] = (verdict, tail)
-            print(f"{verdict:5s} {seconds:6.1f}s  {test_id.split('::')[-1]}", flush=True)
+            for test_id, verdict, tail, seconds in fut.result():
+                results[test_id] = (verdict, tail)
+                print(f"{verdict:5s} {seconds:6.1f}s  {test_id.split('::')[-1]}", flush=True)
     counts = {v: sum(1 for r, _ in results.values() if r == v)
               for v in ("pass", "tf1", "fail", "skip", "hang", "gpu")}
     print(f"# {given.name} -np {args.np_}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
