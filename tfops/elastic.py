@@ -151,12 +151,19 @@ class TensorFlowKerasState(ObjectState):
     def _opt_variables(self) -> list:
         return list(self.optimizer.variables) if self.optimizer is not None else []
 
-    def _save_tensors(self) -> None:
+    def _save_tensors(self, syncing: bool = False) -> None:
         self._saved_model = [np.array(w, copy=True) for w in self.model.get_weights()]
-        self._saved_opt = _values(self._opt_variables())
+        sharded = getattr(self.optimizer, "elastic_save", None)   # tfops.ShardedOptimizer (tfops/sharding/elastic.py)
+        if sharded is None:
+            self._saved_opt = _values(self._opt_variables())
+        elif not syncing:             # gathered whole (a collective); a sync sends the last commit's
+            self._saved_opt = sharded()
 
     def _restore_tensors(self) -> None:
         self.model.set_weights(self._saved_model)
+        if hasattr(self.optimizer, "elastic_restore"):          # re-sharded at its next step
+            self.optimizer.elastic_restore(self._saved_opt)
+            return
         unbuilt = self.optimizer is not None and not getattr(self.optimizer, "built", True)
         if unbuilt and len(self._saved_opt) > len(self._opt_variables()):
             # a replacement (regrow) syncing before its first step: make the slots rank 0 has
@@ -172,7 +179,7 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        self._save_tensors()          # what rank 0 holds now: its restored commit, or its starting weights
+        self._save_tensors(syncing=True)   # what rank 0 holds now: its restored commit, or its starting weights
         self._saved_model, self._saved_opt = _api.broadcast_object((self._saved_model, self._saved_opt), 0)
         self._restore_tensors()
         super().sync()

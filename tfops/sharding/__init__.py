@@ -10,13 +10,15 @@ SC'20) runs the optimizer step between the two halves, on the 1/p slice each ran
 
 The bytes on the wire are the same, 2 (p-1)/p n per rank; what each rank keeps shrinks:
 
-    ============  ==========================================  ======================
-    stage         per rank (Adam, float32, N parameters)      at p = 4
-    ============  ==========================================  ======================
-    unsharded     4N + 4N + 8N                                16N
-    1 (states)    4N + 4N + 8N/p                              10N
-    2 (+ grads)   4N + 4N/p + 8N/p  (+ one bucket)            7N
-    ============  ==========================================  ======================
+    ============  ==================================================  ========
+    stage         per rank (Adam, float32, N parameters)              at p = 4
+    ============  ==================================================  ========
+    unsharded     4N weights + 4N gradients + 8N slots                 16N
+    1 (states)    4N + 4N gradient buffer + 4N/p slice + 8N/p slots    11N
+    2 (+ grads)   4N + 4N/p gradient + 4N/p slice + 8N/p (+ a bucket)  8N
+    ============  ==================================================  ========
+
+(the slice: the inner optimizer's own copy of this rank's weights.)
 
 Modules: :mod:`.layout` (flat balanced shards, segments, buckets: pure functions),
 :mod:`.exchange` (the collectives and the model check), :mod:`.norms` (true norms across

@@ -4,15 +4,15 @@ sum small vectors of partial norms, and check that every rank shards the same mo
 The ring allreduce of lesson 2 is these two halves back to back; ZeRO runs the optimizer step
 between them::
 
-    bucket of gradients  --reduce-scatter (Average)-->  my part of the slice     (p-1)/p n bytes sent
-    my slice of weights  --allgather-->                 every weight, updated    (p-1)/p n bytes sent
+    bucket of gradients  --reduce-scatter (Average)-->  my part of the bucket    (p-1)/p n bytes sent
+    my part of a bucket  --allgather-->                 the bucket's weights     (p-1)/p n bytes sent
 
-Both halves go over the ring (``allreduce.algorithms.reducescatter``, ``.allgather``) with the
-counts of :mod:`.layout` (a bucket's counts are uneven, the slices' equal), so a sharded step sends
-what one ring allreduce sends: 2 (p-1)/p n bytes per rank, in (p-1) alpha per bucket plus
-(p-1) alpha for the allgather. Each call goes through :func:`tfops.ops.in_step` (the engine's
-out-of-step check) and ``Communicator.check_agreement`` (same collective, count and dtype on
-every rank, else ``MismatchError`` on every rank).
+Both halves go over the ring (``allreduce.algorithms.reducescatter``, ``.allgather``), bucket by
+bucket, with the bucket's uneven counts from :mod:`.layout`, so a sharded step sends what one
+ring allreduce sends: 2 (p-1)/p n bytes per rank, in 2 (p-1) alpha per bucket. A step's first
+call goes through :func:`tfops.ops.in_step` (the engine's out-of-step check); every call through
+``Communicator.check_agreement`` (same collective, count and dtype on every rank, else
+``MismatchError`` on every rank).
 """
 from __future__ import annotations
 
@@ -24,19 +24,22 @@ import tensorflow as tf
 import allreduce as ar
 from allreduce.algorithms.allgather import allgatherv
 from allreduce.algorithms.reducescatter import reducescatter as _ring_reducescatter
-from allreduce.errors import MismatchError
 from allreduce.ops import dtype_code
 
+from ..errors import MismatchError, tf_typed
 from ..ops import in_step
 from .layout import Bucket, Shard
 
-__all__ = ["reducescatter_bucket", "allgather_slice", "allreduce_sum", "check_same_model"]
+__all__ = ["reducescatter_bucket", "allgather_bucket", "allreduce_sum", "check_same_model"]
 
 
-def reducescatter_bucket(arrays: list[np.ndarray], shard: Shard, bucket: Bucket, buf: np.ndarray) -> np.ndarray:
+def reducescatter_bucket(arrays: list[np.ndarray], shard: Shard, bucket: Bucket, buf: np.ndarray, *,
+                         first: bool = False) -> np.ndarray:
     """Average ``arrays`` (the gradients of ``bucket.vars``, ascending) over the ranks; return this
     rank's ``bucket.counts[rank]`` elements. ``buf`` (``stop - start`` elements) is the bucket's
-    flat copy, overwritten by the ring."""
+    flat copy, overwritten by the ring. ``first``: the step's first collective, which meets the
+    other ranks through :func:`tfops.ops.in_step`; the step's later ones follow in the same
+    order on every rank (one rendezvous a step, not one per bucket: ~0.1 ms each)."""
     comm = ar.communicator()
     for v, a in zip(bucket.vars, arrays):                # lay the bucket out flat
         k = shard.vars.index(v)
@@ -49,27 +52,33 @@ def reducescatter_bucket(arrays: list[np.ndarray], shard: Shard, bucket: Bucket,
     def run():
         comm.check_agreement("reducescatter", count=buf.size, dtype=dtype_code(buf.dtype), op=int(ar.Average))
         _ring_reducescatter(comm.transport, buf, out, bucket.counts, ar.Average, workspace=comm.workspace)
-    in_step(run)()
+    in_step(run)() if first else run()
     return out
 
 
-def allgather_slice(mine: np.ndarray, shard: Shard) -> np.ndarray:
-    """Every rank's ``per_rank`` elements, in rank order: the padded flat vector."""
+def allgather_bucket(mine: np.ndarray, shard: Shard, bucket: Bucket) -> list[np.ndarray]:
+    """Every rank's part of ``bucket`` (``mine``: this rank's ``counts[rank]`` updated elements), laid
+    end to end: the bucket's variables, flat, in ``bucket.vars`` order. One bucket at a time, so
+    the whole model is never held twice."""
     comm = ar.communicator()
-    out = np.empty(shard.padded, mine.dtype)
+    out = np.empty(bucket.stop - bucket.start, mine.dtype)
 
     def run():
-        comm.check_agreement("allgather", count=mine.size, dtype=dtype_code(mine.dtype))
-        allgatherv(comm.transport, np.ascontiguousarray(mine), out, [shard.per_rank] * comm.size)
-    in_step(run)()
-    return out
+        comm.check_agreement("allgather", count=out.size, dtype=dtype_code(mine.dtype))
+        allgatherv(comm.transport, np.ascontiguousarray(mine), out, list(bucket.counts))
+    if comm.size == 1:
+        out[:] = mine
+    else:
+        run()                                             # in step: after the step's reduce-scatters
+    return [out[shard.offsets[k] - bucket.start:][:shard.sizes[k]]
+            for k in (shard.vars.index(v) for v in bucket.vars)]
 
 
 def allreduce_sum(x: tf.Tensor) -> tf.Tensor:
     """Sum the small float vector ``x`` (partial squared norms) over the ranks, as a TF op."""
     def run(a):
-        return in_step(lambda: ar.communicator().allreduce(a, ar.Sum))() if ar.size() > 1 else a
-    y = tf.numpy_function(run, [x], x.dtype, stateful=True, name="tfops_shard_norms")
+        return ar.communicator().allreduce(a, ar.Sum) if ar.size() > 1 else a   # after the reduce-scatters
+    y = tf.numpy_function(tf_typed(run), [x], x.dtype, stateful=True, name="tfops_shard_norms")
     y.set_shape(x.shape)
     return y
 

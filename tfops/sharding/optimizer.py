@@ -11,19 +11,20 @@ One step, for each dtype's flat space (:mod:`.layout`)::
                    inner optimizer.apply(slice grads, slice weights)   slots: s elements each
                                                      │
                                                      v
-                        allgather the slices ─> every model weight, updated, on every rank
+              allgather, bucket by bucket ─> every model weight, updated, on every rank
 
 Steps: (1) copy this rank's slice of the model's weights into the segment variables (so a
 broadcast, ``load_weights`` or elastic restore of the model is always seen); (2) reduce-scatter
 each bucket (Average); (3) clip; (4) the inner optimizer's ``apply`` on the segments; (5) allgather
-and assign the model's variables. Every rank ends with the same bits: each element is computed by
+each bucket's updated parts and assign the model's variables. Every rank ends with the same bits: each element is computed by
 one rank only.
 
-Memory per rank, float32, Adam (K = 8 bytes of slots per parameter), N parameters, p ranks:
+Memory per rank, float32, Adam (K = 8 bytes of slots per parameter), N parameters, p ranks; the
+inner optimizer's own copy of this rank's slice of the weights is the 4N/p term:
 
-    unsharded   4N weights + 4N gradients + KN slots               = 16N
-    stage 1     4N weights + 4N gradient buffer + KN/p slots        = 8N + 8N/p
-    stage 2     4N weights + 4N/p gradient + one bucket + KN/p slots = 4N + 12N/p
+    unsharded   4N weights + 4N gradients + KN slots                          = 16N
+    stage 1     4N weights + 4N gradient buffer + 4N/p slice + KN/p slots     = 8N + 12N/p
+    stage 2     4N weights + 4N/p gradient + 4N/p slice + KN/p (+ one bucket) = 4N + 16N/p
 
 Stage 1 reduce-scatters out of one persistent full-size flat gradient buffer (DeepSpeed's
 stage 1); stage 2 lays each bucket into one reused bucket-sized buffer, keeps only its part of
@@ -40,43 +41,24 @@ import tensorflow as tf
 import allreduce as ar
 from keras.src.utils import tracking
 
-from .exchange import allgather_slice, check_same_model, reducescatter_bucket
+from ..errors import tf_typed
+from .checks import check_inner as _check_inner, from_tape as _from_tape
+from .exchange import allgather_bucket, check_same_model, reducescatter_bucket
+from . import elastic
 from .lamb import SegmentLamb
 from .layout import shards
 from .norms import clip_segments
+from .state import GatheredState
 
-__all__ = ["ShardedOptimizer", "ShardedOptimizerWrapper"]
+__all__ = ["ShardedOptimizer", "ShardedOptimizerWrapper", "BUCKET_BYTES"]
 
-_CANNOT = {"Adafactor": "its second moment is factored into row and column statistics of each whole "
-                        "matrix, which no 1-D slice holds",
-           "Muon": "it orthogonalises each whole weight matrix (Newton-Schulz), which no 1-D slice holds",
-           "LossScaleOptimizer": "it skips a step when any gradient is not finite, a decision each shard "
-                                 "would make alone; wrap the ShardedOptimizer's inner optimizer instead",
-           "MultiOptimizer": "it routes whole variables to optimizers; shard each optimizer instead"}
+BUCKET_BYTES = 4 << 20
+"""Gradient bytes per reduce-scatter (and allgather) call. Each call holds TF's thread until its ring
+is done (the engine's allreduce runs on its own thread; these do not), so small buckets buy little
+overlap and each costs a call (~50 us and a metadata check): 4 MiB, not the engine's 1 MiB."""
 
-
-def _check_inner(opt) -> None:
-    if not isinstance(opt, keras.optimizers.Optimizer):
-        raise TypeError(f"ShardedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got {type(opt).__name__}")
-    for cls in type(opt).__mro__:
-        if cls.__name__ in _CANNOT:
-            raise TypeError(f"ShardedOptimizer cannot shard {type(opt).__name__} exactly: {_CANNOT[cls.__name__]}. "
-                            "Use tfops.DistributedOptimizer for it.")
-        if cls.__name__ == "DistributedOptimizerWrapper":
-            raise TypeError("ShardedOptimizer reduces the gradients itself: wrap the plain Keras optimizer, "
-                            "not a DistributedOptimizer")
-    if opt.use_ema or opt.gradient_accumulation_steps:
-        raise ValueError("ShardedOptimizer: use_ema and gradient_accumulation_steps of the inner optimizer are "
-                         "not supported (they keep per-variable state outside the shards)")
-
-
-def _from_tape(g) -> bool:
-    """A gradient a tfops reduction produced (DistributedGradientTape inside a tf.function)."""
-    op = getattr(g, "op", None)
-    while op is not None and op.type == "Identity":
-        op = op.inputs[0].op
-    return op is not None and op.name.rsplit("/", 1)[-1].startswith(("tfops_grad_wait", "tfops_allreduce",
-                                                                       "tfops_grouped"))
+def _shard_state_is_not_saved(store) -> None:
+    """The inner optimizer's ``save_own_variables`` / ``load_own_variables``: the wrapper's write its state."""
 
 
 @keras.saving.register_keras_serializable(package="tfops", name="ShardedOptimizer")
@@ -99,23 +81,33 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         inner_optimizer.clipnorm = inner_optimizer.global_clipnorm = None
         if type(inner_optimizer) is keras.optimizers.Lamb:
             inner_optimizer = SegmentLamb.from_config(inner_optimizer.get_config())
+        # the wrapper writes the whole state, gathered (.state); the inner's own would be this rank's shard
+        inner_optimizer.save_own_variables = inner_optimizer.load_own_variables = _shard_state_is_not_saved
         self.inner_optimizer = inner_optimizer
 
-    # -- layout, once --------------------------------------------------------------------
+    # -- layout: once, and again when the world changes (.elastic) -------------------------
     @tracking.no_automatic_dependency_tracking
     def build(self, var_list):
         var_list = list(var_list)
-        check_same_model(var_list, "ShardedOptimizer")
-        rank, size = ar.rank(), ar.size()
+        if getattr(self, "_pending_state", None) is None:   # (a replacement joining a world: its peers are built)
+            check_same_model(var_list, "ShardedOptimizer")
         self._model_vars = var_list
-        self._shards = shards(var_list, rank, size, self.bucket_bytes)
+        inner = self.inner_optimizer
+        self._excluded = set(getattr(inner, "_exclude_from_weight_decay", None) or ())   # AdamW's, model keys
+        self._lay_out()
+        super().build(var_list)
+
+    @tracking.no_automatic_dependency_tracking
+    def _lay_out(self) -> None:
+        """Segments of this rank (of this world size), the inner optimizer built over them, buffers."""
+        var_list, rank, size = self._model_vars, ar.rank(), ar.size()
+        self._shards = shards(var_list, rank, size, self.bucket_bytes or BUCKET_BYTES)
         for sh in self._shards:                           # a rank with no element would skip the step
             if (size - 1) * sh.per_rank >= sh.total:
                 raise ValueError(f"ShardedOptimizer: {sh.total} {sh.dtype} elements are too few to shard over "
                                  f"{size} ranks (rank {size - 1} would own none)")
         segs = sorted((s for sh in self._shards for s in sh.segments), key=lambda s: (s.var, s.var_start))
-        self._segments = segs
-        self._seg_vars = []
+        self._segments, self._seg_vars = segs, []
         for s in segs:
             model_var = var_list[s.var]
             with keras.name_scope(f"shard{s.var}", caller=self):
@@ -125,17 +117,16 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         inner = self.inner_optimizer
         if isinstance(inner, SegmentLamb):
             inner.owners, inner.n_vars = tuple(s.var for s in segs), len(var_list)
-        excluded = getattr(inner, "_exclude_from_weight_decay", None)      # AdamW's var_list exclusions
-        if excluded:
-            inner._exclude_from_weight_decay = set(excluded) | {
-                inner._var_key(sv) for s, sv in zip(segs, self._seg_vars) if inner._var_key(var_list[s.var]) in excluded}
+        if self._excluded:                                # the segments of excluded variables are excluded
+            inner._exclude_from_weight_decay = set(self._excluded) | {
+                inner._var_key(sv) for s, sv in zip(segs, self._seg_vars) if inner._var_key(var_list[s.var]) in self._excluded}
             inner._exclude_from_weight_decay_cache = {}
         inner.build(self._seg_vars)
         self._buffers = {}
         for sh in self._shards:                           # setup here; the step allocates none of these
             longest = max(b.stop - b.start for b in sh.buckets)
             self._buffers[sh.dtype] = np.zeros(sh.padded if self.stage == 1 else longest, sh.dtype)
-        super().build(var_list)
+        self._laid_out_for, self._state_view = (rank, size), None
 
     def _build_once(self, variables) -> None:
         if not self.built:
@@ -156,6 +147,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
             raise ValueError("build the optimizer first, or pass trainable_variables")
         variables = list(trainable_variables) if trainable_variables is not None else self._model_vars
         self._build_once(variables)
+        elastic.reshard_if_needed(self)                   # after an elastic reset: a new world, a new layout
         grads = list(grads)
         if len(grads) != len(self._model_vars) or any(v is not w for v, w in zip(variables, self._model_vars)):
             raise ValueError(f"ShardedOptimizer was built for {len(self._model_vars)} variables and is applied to "
@@ -183,11 +175,11 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         for sh in self._shards:
             buf, parts = self._buffers[sh.dtype], []
             for bk in sh.buckets:                         # backprop order: the last variables' bucket first
-                def run(*arrays, sh=sh, bk=bk, buf=buf):
+                def run(*arrays, sh=sh, bk=bk, buf=buf, first=sh is self._shards[0] and bk is sh.buckets[0]):
                     at = bk.start if self.stage == 1 else 0
-                    return reducescatter_bucket(list(arrays), sh, bk, buf[at:at + bk.stop - bk.start])
+                    return reducescatter_bucket(list(arrays), sh, bk, buf[at:at + bk.stop - bk.start], first=first)
                 xs = [tf.cast(tf.convert_to_tensor(grads[v]), sh.dtype) for v in bk.vars]
-                part = tf.numpy_function(run, xs, tf.as_dtype(sh.dtype), stateful=True, name="tfops_shard_rs")
+                part = tf.numpy_function(tf_typed(run), xs, tf.as_dtype(sh.dtype), stateful=True, name="tfops_shard_rs")
                 part.set_shape([bk.counts[ar.rank()]])
                 parts.append((max(bk.start, sh.lo), part))
             mine = tf.concat([p for _, p in sorted(parts, key=lambda t: t[0])], 0)
@@ -200,10 +192,42 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
             mine = [sv for s, sv in zip(self._segments, self._seg_vars) if s.var in sh.vars]
             pad = sh.per_rank - sum(s.size for s in sh.segments)
             flat_mine = tf.concat([tf.convert_to_tensor(v) for v in mine] + [tf.zeros([pad], sh.dtype)], 0)
-            full = tf.numpy_function(lambda a, sh=sh: allgather_slice(a, sh), [flat_mine], tf.as_dtype(sh.dtype),
-                                     stateful=True, name="tfops_shard_ag")
-            for v, at, n in zip(sh.vars, sh.offsets, sh.sizes):
-                self._model_vars[v].assign(tf.reshape(full[at:at + n], self._model_vars[v].shape))
+            for bk in sh.buckets:                         # the same order as the reduce-scatters
+                at = max(bk.start, sh.lo) - sh.lo
+                part = flat_mine[at:at + bk.counts[ar.rank()]]
+                fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk)), [part],
+                                          [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")
+                for v, full in zip(bk.vars, fulls):
+                    self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape))
+
+    # -- checkpoints: the whole state, gathered (.state) ------------------------------------
+    def _gathered(self) -> GatheredState:
+        if getattr(self, "_state_view", None) is None:
+            self._state_view = GatheredState(self)
+        return self._state_view
+
+    def save_own_variables(self, store):
+        """Write the optimizer state as a plain optimizer would, slots gathered whole (every rank calls)."""
+        self._gathered().save_to(store)
+
+    def load_own_variables(self, store):
+        """Read a plain layout (any rank count, or a plain optimizer's) into this rank's segments."""
+        if not self.built:
+            raise ValueError("ShardedOptimizer: build it (optimizer.build(model.trainable_variables)) before loading")
+        self._gathered().load_from(store)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        if save_type != "checkpoint" or not self.built:
+            return super()._trackable_children(save_type, **kwargs)
+        return self._gathered().trackable_children()
+
+    def elastic_save(self) -> list:
+        """For ``tfops.elastic.TensorFlowKerasState``: the whole state, gathered (collective)."""
+        return elastic.save(self)
+
+    def elastic_restore(self, values: list) -> None:
+        """For ``tfops.elastic.TensorFlowKerasState``: load ``values`` at the next step, re-sharded."""
+        elastic.restore(self, values)
 
     # -- what belongs to the inner optimizer ---------------------------------------------
     @property
@@ -258,8 +282,8 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
         stage: 1 shards the optimizer's slots; 2 (default) also keeps only this rank's slice
             of the averaged gradient.
         name: the wrapper's name; default ``"Sharded" + optimizer.name``.
-        bucket_bytes: gradient bytes per reduce-scatter call (default
-            :data:`tfops.overlap.BUCKET_BYTES`); every rank must pass the same value.
+        bucket_bytes: gradient bytes per reduce-scatter call (default :data:`BUCKET_BYTES`,
+            4 MiB); every rank must pass the same value.
 
     Returns:
         A ``keras.optimizers.Optimizer``. Every rank must build it over the same variables, in

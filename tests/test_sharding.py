@@ -1,0 +1,83 @@
+"""tfops.ShardedOptimizer (issue 33): the layout's arithmetic here, the optimizer under mpirun.
+
+The rank script tests/mpi/sharding_check.py (its docstring lists the checks) runs once per world
+size, 2, 3 and 4, each run loading the checkpoints the previous one wrote (another rank count).
+tests/mpi/sharding_elastic.py kills a rank of an elastic job and regrows it.
+"""
+import re
+
+import numpy as np
+import pytest
+
+from .harness import TF_ENV, mpirun
+
+pytest.importorskip("tensorflow")
+from tfops.sharding.layout import shards  # noqa: E402
+
+TIMEOUT = 600                       # a launch: TF's import alone takes tens of seconds on a loaded 2-core machine (np 4 took ~400 s at load 18)
+
+
+class _Var:
+    def __init__(self, shape, dtype="float32"):
+        self.shape, self.dtype = shape, dtype
+
+
+@pytest.mark.parametrize("sizes", [[(6,), (2,), (9,), (1,)], [(1000, 3)], [(5,), (7, 7), (3,), (64,)], [(1,)] * 9])
+@pytest.mark.parametrize("p", [1, 3, 4, 7])
+@pytest.mark.parametrize("bucket_bytes", [8, 1 << 20])
+def test_layout_owns_every_element_once(sizes, p, bucket_bytes):
+    variables = [_Var(s) for s in sizes] + [_Var((3,), "float64")]
+    per_rank = [shards(variables, r, p, bucket_bytes) for r in range(p)]
+    for d, dtype_vars in enumerate([[v for v in variables if v.dtype == "float32"], variables[-1:]]):
+        total = sum(int(np.prod(v.shape)) for v in dtype_vars)
+        layouts = [layout[d] for layout in per_rank]
+        owner = np.full(total, -1)
+        for r, sh in enumerate(layouts):
+            assert sh.total == total and sh.padded % p == 0 and 0 <= sh.padding < p and sh.per_rank * p == sh.padded
+            for s in sh.segments:                        # a segment is inside its variable and inside the slice
+                k = sh.vars.index(s.var)
+                assert 0 <= s.var_start and s.var_start + s.size <= sh.sizes[k]
+                flat = sh.offsets[k] + s.var_start
+                assert sh.lo + s.slice_start == flat and s.slice_start + s.size <= sh.per_rank
+                assert (owner[flat:flat + s.size] == -1).all(), "an element owned twice"
+                owner[flat:flat + s.size] = r
+        assert (owner >= 0).all(), "an element nobody owns"
+        bks = layouts[0].buckets                         # same buckets everywhere, tiling [0, padded)
+        assert all(layout.buckets == bks for layout in layouts)
+        assert sorted((b.start, b.stop) for b in bks)[0][0] == 0
+        edges = sorted((b.start, b.stop) for b in bks)
+        assert all(a[1] == b[0] for a, b in zip(edges, edges[1:])) and edges[-1][1] == layouts[0].padded
+        assert [sum(b.counts[r] for b in bks) for r in range(p)] == [layouts[0].per_rank] * p
+        assert [max(b.vars) for b in bks] == sorted((max(b.vars) for b in bks), reverse=True)  # backprop order
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(3 * TIMEOUT + 30)
+def test_sharded_optimizer_at_2_3_and_4_ranks(tmp_path):
+    previous = None
+    for np_ in (2, 3, 4):
+        out = tmp_path / f"np{np_}"
+        out.mkdir()
+        args = [str(out)] + ([str(previous)] if previous else [])
+        text = mpirun(np_, "sharding_check.py", *args, timeout=TIMEOUT, env=TF_ENV).stdout
+        assert all(f"rank {r}: sharding_check OK" in text for r in range(np_)), text[-3000:]
+        if previous:
+            assert "loaded the files of another rank count" in text, text[-3000:]
+        previous = out
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(2 * 240 + 30)     # launch_job: 240 s a launch, one retry if stuck in Open MPI
+def test_elastic_kill_reshards_and_regrows_with_nothing_lost():
+    # rank 2 SIGKILLs itself before step 5: survivors restore the step-4 commit and re-shard for 2
+    # (every slot, the dead rank's shard included, equals the commit); a replacement regrows it to 3
+    from .test_elastic import launch_job
+    result = launch_job(3, "", "--max-np", "3", script="sharding_elastic.py", retry_if_stuck=True,
+                        env={"SHARD_KILL": "2@5", **TF_ENV})
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-5000:]
+    assert sorted(re.findall(r"^RESHARDED-OK (\d) 2$", result.stdout, re.M)) == ["0", "1"], text[-5000:]
+    assert "RESHARDED-WRONG" not in result.stdout
+    finals = re.findall(r"^SHARD (\d+) (\d+) step=(\d+) iterations=(\d+) (\w+)$", result.stdout, re.M)
+    assert sorted(int(f[0]) for f in finals) == [0, 1, 3], text[-5000:]          # 3: the replacement
+    assert {f[1:] for f in finals} == {(finals[0][1], "12", "12", finals[0][4])} and finals[0][1] == "3", finals
