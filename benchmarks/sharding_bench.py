@@ -1,0 +1,285 @@
+"""What ShardedOptimizer saves and costs: optimizer-state bytes, peak memory, a memory budget, step time.
+
+::
+
+    python benchmarks/sharding_bench.py --part state      # Adam state bytes per rank, -np 1, 2, 4
+    python benchmarks/sharding_bench.py --part memory     # peak RSS per parameter, 50 M parameters, -np 2, 4
+    python benchmarks/sharding_bench.py --part budget     # unsharded vs stage 2 under a per-rank RSS budget, -np 4
+    python benchmarks/sharding_bench.py --part time       # step time against DistributedOptimizer, -np 2
+    python benchmarks/sharding_bench.py --write           # the "## Sharding" section of BENCHMARKS.md
+
+Each part launches ``allreduce-run -np P python benchmarks/sharding_bench.py --worker ...``; the
+ranks print one JSON line each, kept in benchmarks/results/sharding.json (a part re-run
+replaces its rows). ``--write`` renders the saved rows into BENCHMARKS.md's own section (the
+other sections are kept as they are).
+
+state    the sum of the bytes of the wrapped optimizer's variables (``optimizer.variables``:
+         Adam's m and v, its iteration count and learning rate) on each rank, against a plain
+         Adam over the same model; goal 1/p of it plus at most p elements per slot.
+memory   ``getrusage(RUSAGE_SELF).ru_maxrss`` (every page the process ever held resident) after 3
+         Adam steps in a ``tf.function`` of a 50.3 M-parameter MLP, batch 16, divided by the
+         parameter count; unsharded is ``DistributedOptimizer``. ``TF + Python`` is the RSS after
+         ``import tensorflow`` and the model's construction less its weights; ``formula`` is what
+         the stage's arrays need (module docstring of tfops/sharding/optimizer.py).
+budget   the budget stands in for a GPU's memory: a thread polls ``VmRSS`` every 5 ms and ends
+         the process (exit 3, the job fails) the moment it passes ``--budget-mib``; the peak
+         ``ru_maxrss`` of a run that finished is checked against it too.
+time     seconds per step of a 5.5 M-parameter MLP at -np 2, batch 32, both optimizers in one
+         launch, alternating (3 rounds of 10 timed steps each after a warm-up), medians.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "sharding.json"
+PAGE = ROOT / "BENCHMARKS.md"
+TITLE = "## Sharding: optimizer state, peak memory and step time (issue 33)"
+BIG = (2048, 4096, 4096, 4096, 2048)          # 50.3 M parameters
+SMALL = (1024, 1536, 1536, 1024)              # 5.5 M parameters
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _watch_budget(mib: float) -> None:
+    def poll():
+        while True:
+            with open("/proc/self/status") as f:
+                rss = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024.0
+            if rss > mib:
+                print(json.dumps({"over_budget_mib": rss, "budget_mib": mib}), flush=True)
+                os._exit(3)
+            time.sleep(0.005)
+    threading.Thread(target=poll, daemon=True).start()
+
+
+def worker(args) -> None:
+    import numpy as np
+    import tensorflow as tf
+    rss_import = _rss_mib()
+    import keras
+    import tfops
+    tfops.init()
+    if args.budget_mib:
+        _watch_budget(args.budget_mib)
+    widths = BIG if args.model == "big" else SMALL
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((widths[0],))] + [keras.layers.Dense(w) for w in widths[1:]])
+    n = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    rss_model = _rss_mib()
+
+    def make(mode):
+        inner = keras.optimizers.Adam(1e-4)
+        return tfops.DistributedOptimizer(inner) if mode == "unsharded" else tfops.ShardedOptimizer(inner, stage=int(mode[-1]))
+    rng = np.random.default_rng(tfops.rank())
+    x = tf.constant(rng.standard_normal((args.batch, widths[0])).astype("f4"))
+    y = tf.constant(rng.standard_normal((args.batch, widths[-1])).astype("f4"))
+
+    def stepper(opt):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        return step
+    out = {"rank": tfops.rank(), "np": tfops.size(), "params": n, "mode": args.mode}
+    if args.what == "state":
+        opt = make(args.mode)
+        opt.build(model.trainable_variables)
+        plain = keras.optimizers.Adam(1e-4)
+        plain.build(model.trainable_variables)
+        out.update(state_bytes=sum(v.numpy().nbytes for v in opt.variables),
+                   plain_bytes=sum(v.numpy().nbytes for v in plain.variables),
+                   padding=sum(sh.padding for sh in getattr(opt, "_shards", [])))
+    elif args.what == "memory":
+        step = stepper(make(args.mode))
+        for _ in range(args.steps):
+            step()
+        out.update(rss_import_mib=rss_import, rss_model_mib=rss_model, peak_mib=_rss_mib())
+        if args.budget_mib:
+            out["budget_mib"] = args.budget_mib
+            out["fits"] = out["peak_mib"] <= args.budget_mib
+    else:
+        steps = {mode: stepper(make(mode)) for mode in ("unsharded", "stage2")}
+        times: dict[str, list[float]] = {mode: [] for mode in steps}
+        for mode, step in steps.items():
+            step()                                    # trace and warm up
+        for _ in range(3):
+            for mode, step in steps.items():
+                tfops.allreduce(tf.zeros([1]), name="sharding_bench.barrier")
+                t = time.perf_counter()
+                for _ in range(10):
+                    step()
+                float(model.trainable_variables[0][0, 0])   # the last step has finished
+                times[mode].append((time.perf_counter() - t) / 10)
+        out.update({f"{m}_s": statistics.median(v) for m, v in times.items()})
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def launch(np_: int, *args: str, check: bool = True) -> list[dict]:
+    cmd = ["allreduce-run", "-np", str(np_), sys.executable, str(Path(__file__).resolve()), "--worker", *args]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+               TF_NUM_INTEROP_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    rows = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    over = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"over_budget_mib"')]
+    if over:
+        return [{"np": np_, "over_budget_mib": over[0]["over_budget_mib"], "budget_mib": over[0]["budget_mib"],
+                 "fits": False, "args": list(args)}]
+    if check and (proc.returncode != 0 or len(rows) != np_):
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return rows
+
+
+# --------------------------------------------------------------------------- parts
+def part_state() -> list[dict]:
+    rows = []
+    for np_ in (1, 2, 4):
+        rows += launch(np_, "state", "--mode", "stage2", "--model", "big")
+    return rows
+
+
+def part_memory(steps: int) -> list[dict]:
+    rows = []
+    for np_ in (2, 4):
+        for mode in ("unsharded", "stage1", "stage2"):
+            rows += launch(np_, "memory", "--mode", mode, "--model", "big", "--steps", str(steps))
+    return rows
+
+
+def part_budget(budget: float, steps: int) -> list[dict]:
+    rows = []
+    for mode in ("unsharded", "stage2"):
+        got = launch(4, "memory", "--mode", mode, "--model", "big", "--steps", str(steps), "--budget-mib", str(budget))
+        rows += [dict(r, mode=mode, budget_mib=budget) for r in got]
+    return rows
+
+
+def part_time() -> list[dict]:
+    return launch(2, "time", "--model", "small", "--batch", "32")
+
+
+# --------------------------------------------------------------------------- the page
+def _median(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def render(saved: dict) -> str:
+    lines = [TITLE, ""]
+    for part, info in saved.items():
+        lines.append(f"`{info['command']}` at {info['when']} (load {info['load']}):")
+    lines.append("")
+    if "state" in saved:
+        rows = saved["state"]["rows"]
+        lines += ["Optimizer-state bytes per rank (Adam over the 50.3 M-parameter MLP; `optimizer.variables`, "
+                  "iteration and learning rate included). Goal: 1/p of unsharded + at most p elements per slot.", "",
+                  "| np | unsharded bytes | sharded bytes (max over ranks) | ratio | 1/p | padding elements | goal |",
+                  "|---:|---:|---:|---:|---:|---:|:---|"]
+        for np_ in sorted({r["np"] for r in rows}):
+            mine = [r for r in rows if r["np"] == np_]
+            plain, worst = mine[0]["plain_bytes"], max(r["state_bytes"] for r in mine)
+            bound = plain / np_ + 2 * 4 * np_ + 12
+            lines.append(f"| {np_} | {plain:,} | {worst:,} | {worst / plain:.4f} | {1 / np_:.4f} | "
+                         f"{mine[0]['padding']} | {'met' if worst <= bound else 'NOT met'} |")
+        lines.append("")
+    if "memory" in saved:
+        rows = saved["memory"]["rows"]
+        lines += ["Peak RSS per rank (`ru_maxrss`, max over ranks) per parameter, 3 Adam steps in a `tf.function`, "
+                  "50.3 M parameters. `TF + Python`: RSS before the model's weights existed. `arrays`: peak less "
+                  "that, per parameter; `formula`: what the stage's arrays need (4 weights + 4 gradients + 8 Adam "
+                  "slots, + 4 for the inner optimizer's copy of the slice, sharded as the stage says: 16, 8 + 12/p, "
+                  "4 + 16/p).", "",
+                  "| np | optimizer | peak MiB | bytes/param | TF + Python MiB | arrays bytes/param | formula | "
+                  "peak vs unsharded | arrays vs unsharded |", "|---:|:---|---:|---:|---:|---:|---:|---:|---:|"]
+        formula = {"unsharded": lambda p: 16, "stage1": lambda p: 8 + 12 / p, "stage2": lambda p: 4 + 16 / p}
+        for np_ in sorted({r["np"] for r in rows}):
+            base = base_arrays = None
+            for mode in ("unsharded", "stage1", "stage2"):
+                mine = [r for r in rows if r["np"] == np_ and r["mode"] == mode]
+                if not mine:
+                    continue
+                peak = max(r["peak_mib"] for r in mine)
+                n = mine[0]["params"]
+                tf_mib = max(r["rss_model_mib"] - 4 * n / 2**20 for r in mine)
+                base, base_arrays = base or peak, base_arrays or (peak - tf_mib)
+                lines.append(f"| {np_} | {mode} | {peak:.0f} | {peak * 2**20 / n:.1f} | {tf_mib:.0f} | "
+                             f"{(peak - tf_mib) * 2**20 / n:.1f} | {formula[mode](np_):.1f} | {peak / base:.2f}x | "
+                             f"{(peak - tf_mib) / base_arrays:.2f}x |")
+        lines.append("")
+    if "budget" in saved:
+        rows = saved["budget"]["rows"]
+        lines += [f"A per-rank budget of {rows[0]['budget_mib']:.0f} MiB at -np 4 (a thread ends the process the "
+                  "moment VmRSS passes it; a finished run's `ru_maxrss` is checked too):", ""]
+        for mode in ("unsharded", "stage2"):
+            mine = [r for r in rows if r.get("mode") == mode]
+            if any("over_budget_mib" in r for r in mine):
+                lines.append(f"- {mode}: does not fit: ended at {mine[0]['over_budget_mib']:.0f} MiB")
+            else:
+                lines.append(f"- {mode}: trains; peak {max(r['peak_mib'] for r in mine):.0f} MiB "
+                             f"({'within' if all(r['fits'] for r in mine) else 'OVER'} the budget)")
+        lines.append("")
+    if "time" in saved:
+        rows = saved["time"]["rows"]
+        a, b = _median(rows, "unsharded_s"), _median(rows, "stage2_s")
+        lines += [f"Step time, -np 2 on this machine, {rows[0]['params']:,} parameters, batch 32 per rank: "
+                  f"DistributedOptimizer {a * 1e3:.1f} ms, ShardedOptimizer stage 2 {b * 1e3:.1f} ms: "
+                  f"**{b / a:.2f}x** (goal <= 1.10x: {'met' if b / a <= 1.10 else 'NOT met'}).", ""]
+    return "\n".join(lines)
+
+
+def write_page(saved: dict) -> None:
+    page = PAGE.read_text() if PAGE.is_file() else ""
+    section = render(saved).rstrip() + "\n"
+    parts = re.split(r"^(?=## )", page, flags=re.M)
+    kept = [part for part in parts if not part.startswith(TITLE)]
+    PAGE.write_text("".join(kept).rstrip() + "\n\n" + section)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("what", nargs="?", default="memory", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="stage2", help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="big", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=16, help=argparse.SUPPRESS)
+    parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time"])
+    parser.add_argument("--steps", type=int, default=3, help="Adam steps per memory run")
+    parser.add_argument("--budget-mib", type=float, default=0.0, help="per-rank RSS budget (budget part: 2000)")
+    parser.add_argument("--write", action="store_true", help="render the saved results into BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    saved = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    for part in args.part or []:
+        load = os.getloadavg()
+        started = time.strftime("%H:%M UTC", time.gmtime())
+        rows = {"state": part_state, "time": part_time,
+                "memory": lambda: part_memory(args.steps),
+                "budget": lambda: part_budget(args.budget_mib or 2000.0, args.steps)}[part]()
+        saved[part] = {"rows": rows, "command": f"python benchmarks/sharding_bench.py --part {part}"
+                       + (f" --budget-mib {args.budget_mib:g}" if part == "budget" and args.budget_mib else ""),
+                       "when": started, "load": f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"}
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(saved, indent=1))
+    print(render(saved))
+    if args.write:
+        write_page(saved)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
