@@ -13,7 +13,7 @@ ranks print one JSON line each, kept in benchmarks/results/sharding.json (a part
 replaces its rows). ``--write`` renders the saved rows into BENCHMARKS.md's own section (the
 other sections are kept as they are).
 
-state    the sum of the bytes of the wrapped optimizer's variables (``optimizer.variables``:
+state    the sum of the bytes of the wrapped optimizer's variables (``inner_optimizer.variables``:
          Adam's m and v, its iteration count and learning rate) on each rank, against a plain
          Adam over the same model; goal 1/p of it plus at most p elements per slot.
 memory   ``getrusage(RUSAGE_SELF).ru_maxrss`` (every page the process ever held resident) after 3
@@ -101,7 +101,7 @@ def worker(args) -> None:
         opt.build(model.trainable_variables)
         plain = keras.optimizers.Adam(1e-4)
         plain.build(model.trainable_variables)
-        out.update(state_bytes=sum(v.numpy().nbytes for v in opt.variables),
+        out.update(state_bytes=sum(v.numpy().nbytes for v in getattr(opt, "inner_optimizer", opt).variables),
                    plain_bytes=sum(v.numpy().nbytes for v in plain.variables),
                    padding=sum(sh.padding for sh in getattr(opt, "_shards", [])))
     elif args.what == "memory":
@@ -184,7 +184,7 @@ def render(saved: dict) -> str:
     lines.append("")
     if "state" in saved:
         rows = saved["state"]["rows"]
-        lines += ["Optimizer-state bytes per rank (Adam over the 50.3 M-parameter MLP; `optimizer.variables`, "
+        lines += ["Optimizer-state bytes per rank (Adam over the 50.3 M-parameter MLP; `inner_optimizer.variables`, "
                   "iteration and learning rate included). Goal: 1/p of unsharded + at most p elements per slot.", "",
                   "| np | unsharded bytes | sharded bytes (max over ranks) | ratio | 1/p | padding elements | goal |",
                   "|---:|---:|---:|---:|---:|---:|:---|"]

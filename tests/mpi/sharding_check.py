@@ -10,7 +10,8 @@ P = 2, 3, 4. Each rank trains on its own seeded batches. Checks:
    Buckets of 64 bytes, so every step runs several reduce-scatters with uneven counts, and
    58 parameters, so p = 4 pads. At -np 2 Adam and Lamb inside tf.function, the others eagerly
    (model.fit below runs the tf.function path at every size).
-2. model.fit with BroadcastGlobalVariablesCallback and MetricAverageCallback; then model.save
+2. model.fit with BroadcastGlobalVariablesCallback and MetricAverageCallback (and that callback
+   again once the optimizer is built: it leaves each rank's shard alone); then model.save
    and tf.train.Checkpoint write DIR/model.keras and DIR/ckpt (every rank calls save; rank 0's
    path is the real one) with DIR/state.npz, the state gathered by hand.
 3. With LOAD_FROM (the files of a run at another rank count): load both files into a sharded
@@ -132,6 +133,11 @@ history = m.fit(x[me::p], y[me::p], batch_size=4, epochs=2, verbose=0,
 assert len(history.history["loss"]) == 2 and int(opt.iterations.numpy()) == 2 * (64 // p // 4 + (64 // p % 4 > 0))
 same_everywhere(np.concatenate([v.numpy().ravel() for v in m.trainable_variables]), "model.fit weights")
 state = gathered(opt)
+again = hvd.callbacks.BroadcastGlobalVariablesCallback(0)       # a second fit: the optimizer is built now
+again.set_model(m)
+again.on_train_begin()
+for before, after in zip(state, gathered(opt)):                 # rank 0's slots must not land on the others
+    np.testing.assert_array_equal(before, after, err_msg=f"rank {me}: a broadcast changed the sharded state")
 where = OUT if me == 0 else os.path.join(OUT, f"rank{me}")
 os.makedirs(where, exist_ok=True)
 m.save(os.path.join(where, "model.keras"))

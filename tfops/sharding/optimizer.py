@@ -232,7 +232,10 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
     # -- what belongs to the inner optimizer ---------------------------------------------
     @property
     def variables(self):
-        return self.inner_optimizer.variables
+        """What every rank holds alike: the inner optimizer's scalars (iteration, learning rate).
+        A broadcast from rank 0 (BroadcastGlobalVariablesCallback) or a comparison across ranks
+        may touch them; this rank's slots, different on every rank, are ``inner_optimizer.variables``."""
+        return [v for v in self.inner_optimizer.variables if len(v.shape) == 0]
 
     @property
     def learning_rate(self):
@@ -288,6 +291,9 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
     Returns:
         A ``keras.optimizers.Optimizer``. Every rank must build it over the same variables, in
         the same order (else ``MismatchError`` on every rank before the first step), and every
-        variable needs a gradient each step.
+        variable needs a gradient each step. Its ``variables`` are the scalars every rank holds
+        alike (so ``BroadcastGlobalVariablesCallback`` leaves the shards alone); this rank's
+        slots are ``inner_optimizer.variables``. Saving is a collective: every rank calls
+        ``model.save`` / ``Checkpoint.write`` (the file holds the whole state, gathered).
     """
     return ShardedOptimizerWrapper(optimizer, stage=stage, name=name, bucket_bytes=bucket_bytes)
