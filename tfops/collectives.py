@@ -32,6 +32,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 import allreduce as ar
+from allreduce.errors import MismatchError
 
 from .arguments import scale
 from .ops import _numpy_call, _plain_python, in_step
@@ -96,6 +97,19 @@ def _check_op(op):
     return ar.Op(op)
 
 
+def _check_shapes(arrays, comm) -> None:
+    """Every rank's shapes are the same; else ``MismatchError`` on every rank, naming them. The core
+    compares element counts only: (17, 1311) against (17, 23, 57) would pass there (Horovod's
+    test_horovod_reducescatter_error)."""
+    if comm.size == 1:
+        return
+    every = comm.allgather_object([tuple(a.shape) for a in arrays])
+    if any(shapes != every[0] for shapes in every):
+        shown = "; ".join(f"rank {r}: {shapes}" for r, shapes in enumerate(every))
+        raise MismatchError(f"reducescatter: tensor shape differs between ranks ({shown}); every rank must pass "
+                            "tensors of the same shape")
+
+
 def _reducescatter_grad(dy, op, scale: float, comm):
     factor = scale * (comm.size if op == ar.Sum else 1)
     dy = tf.convert_to_tensor(dy)
@@ -107,6 +121,7 @@ def _grouped_reducescatter(xs: list, op, pre: float, post: float, process_set) -
 
     def raw(*xs):
         def run(*arrays):
+            _check_shapes(arrays, comm)
             return [comm.reducescatter(a, op) for a in arrays]
         scaled = [scale(x, pre, "prescale_factor") for x in xs]
         ys = _numpy_call("reducescatter", in_step(run, comm), scaled, [x.dtype for x in xs])

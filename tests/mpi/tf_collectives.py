@@ -169,6 +169,9 @@ everyone_raised(tf.errors.InvalidArgumentError, lambda: tfops.alltoall(tf.zeros(
 if p > 1:
     everyone_raised(InvalidArgumentError, lambda: tfops.alltoall(tf.zeros([p + me % 2, 2])), "divisible")
     everyone_raised(MismatchError, lambda: tfops.reducescatter(tf.zeros([2 + me])), "differs")
+    # as many elements, another rank (Horovod's test_horovod_reducescatter_error): the core sees equal counts
+    everyone_raised(MismatchError, lambda: tfops.reducescatter(tf.zeros([2, 6] if me == 0 else [2, 2, 3])),
+                    "shape differs between ranks (rank 0: [(2, 6)]; rank 1: [(2, 2, 3)]")
 everyone_raised(NotImplementedError, lambda: tfops.reducescatter(tf.zeros([2]), op=tfops.Max), "tfops.Sum and tfops.Average")
 np.testing.assert_allclose(tfops.allreduce(tf.ones(2), op=tfops.Sum).numpy(), [p, p])   # still in step
 
