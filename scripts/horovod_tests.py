@@ -117,7 +117,9 @@ _OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SUBFAILED\[(\w+)\]) (\S+::\S+)", r
 def run_chunk(test_ids: list[str], test_file: Path, np_: int, timeout: float, env: dict) -> list[tuple]:
     """One mpirun for several tests (TensorFlow's import once, not per test); returns (id, verdict, tail,
     seconds) per test. A test the summary gives no verdict for (skipped: pytest names only its line;
-    not reached), and every test of a chunk that hangs, runs again alone (:func:`run_one`)."""
+    not reached), every test of a chunk that hangs, and a test that failed there (an earlier test of
+    the chunk may have left the library in a state Horovod's per-test verdict should not see) runs
+    again alone (:func:`run_one`), whose verdict counts; its tail then starts with the chunk's."""
     if len(test_ids) == 1:
         return [(test_ids[0], *run_one(test_ids[0], test_file, np_, timeout, env))]
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "pytest",
@@ -150,6 +152,11 @@ def run_chunk(test_ids: list[str], test_file: Path, np_: int, timeout: float, en
             results.append((test_id, *run_one(test_id, test_file, np_, timeout, env)))
             continue
         lines = [line for line in out.splitlines() if test_id in line and not line.startswith("PASSED")]
+        if verdict == "fail":
+            alone, tail, alone_seconds = run_one(test_id, test_file, np_, timeout, env)
+            results.append((test_id, alone, f"in a chunk: {chr(10).join(lines)[-600:]}\nalone: {tail}",
+                            seconds + alone_seconds))
+            continue
         results.append((test_id, verdict, "\n".join(lines)[-1500:], seconds))
     return results
 
@@ -191,7 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="tests run at the same time")
     parser.add_argument("--chunk", type=int, default=1,
                         help="tests per mpirun (TensorFlow imported once per chunk; default 1: each alone)")
-    parser.add_argument("-k", default="", help="only test ids containing this (--elastic: scenario names, a,b)")
+    parser.add_argument("-k", default="", help="only test ids containing this (a,b: either; --elastic: scenario names)")
     parser.add_argument("--keras3", action="store_true", help="apply KERAS3_SPELLINGS to the copy")
     parser.add_argument("--extra-path", action="append", default=[], help="test-only packages dir")
     parser.add_argument("--source", type=Path, default=ROOT,
@@ -210,7 +217,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"{source_file} does not exist")
     work, test_file = make_alias_dir(source_file.resolve(), args.keras3, args.source.resolve())
     env = environment(work, args.extra_path, args.source.resolve())
-    ids = [t for t in collect(test_file, env) if args.k in t]
+    ids = [t for t in collect(test_file, env) if any(k in t for k in args.k.split(","))]
     standin = "; horovod.tensorflow.util -> stand-in" if (work / "tfops_util_standin.py").exists() else ""
     origin = source_file if given.exists() else f"Horovod {args.tag} test/parallel/{given.name}"
     print(f"# {' '.join(sys.argv)}\n# {len(ids)} tests from {origin}, mpirun -np {args.np_}, "
