@@ -86,8 +86,19 @@ def process_set_included_op(process_set_id: int = 0, name=None):
 
 
 def scaled(a: np.ndarray, factor: float) -> np.ndarray:
-    """``a * factor`` in ``a``'s own dtype (a factor of 1 costs nothing)."""
-    return a if factor == 1.0 else np.asarray(a * factor).astype(a.dtype, copy=False)
+    """``a * factor`` cast back to ``a``'s dtype, computed as :func:`.arguments.scale` (Horovod's CPU
+    ops) does: 16-bit floats in float32, integers in float64, the rest in their own dtype (a factor
+    of 1 costs nothing)."""
+    if factor == 1.0:
+        return a
+    if a.dtype.kind in "iub":
+        compute = np.float64
+    elif a.dtype.kind == "f" and a.dtype.itemsize >= 4:
+        compute = a.dtype
+    else:                                       # float16 and bfloat16 (ml_dtypes: kind 'V')
+        compute = np.float32
+    return np.asarray(a.astype(compute) * compute(factor) if compute is not a.dtype
+                      else a * a.dtype.type(factor)).astype(a.dtype, copy=False)
 
 
 def _call(what: str, fn, xs: list, dtypes: list, shapes: list, comm) -> list:

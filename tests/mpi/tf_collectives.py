@@ -182,6 +182,16 @@ members = mine.ranks
 assert mine.included() and mine.size() == len(members) and mine.rank() == members.index(me)
 assert evens.size() == (p + 1) // 2 and tfops.global_process_set.ranks == list(range(p))
 assert int(tfops.process_set_included_op(evens.process_set_id)) == int(me % 2 == 0)
+# a process set's allreduce scales as the global one does: float16 in float32, integers in float64
+for dtype, compute in COMPUTE.items():
+    x = np.random.default_rng(7).uniform(-100, 100, 12).astype(dtype)     # the same on every member
+    k = len(members)
+    pre_want = (compute(0.37) * x.astype(compute)).astype(dtype) * dtype(k)
+    got = tfops.allreduce(tf.constant(x), op=tfops.Sum, prescale_factor=0.37, process_set=mine).numpy()
+    assert got.dtype == dtype and np.array_equal(got, pre_want), ("process set prescale", dtype, got - pre_want)
+    post_want = (compute(0.37) * (x * dtype(k)).astype(compute)).astype(dtype)
+    got = tfops.allreduce(tf.constant(x), op=tfops.Sum, postscale_factor=0.37, process_set=mine).numpy()
+    assert np.array_equal(got, post_want), ("process set postscale", dtype, got - post_want)
 for eager in (True, False):
     mode = "eager" if eager else "tf.function"
     x = tf.constant(np.arange(6, dtype=np.float64).reshape(3, 2) + me)
