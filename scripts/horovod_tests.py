@@ -78,20 +78,30 @@ def collect(test_file: Path, env: dict) -> list[str]:
     return ids
 
 
-def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) -> tuple[str, str, float]:
-    """One mpirun for one test; returns (verdict, the last lines of output, seconds)."""
+def _launch(np_: int, pytest_args: list[str], test_file: Path, timeout: float, env: dict
+            ) -> tuple[int | None, str]:
+    """One ``mpirun -np np_ python -m pytest -q ...`` beside ``test_file``: (return code, output), or
+    (None, the output so far) when it ran past ``timeout`` (its process group and tagged ranks killed)."""
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "pytest",
-           "-q", "-x", "-p", "no:cacheprovider", "-rfEs", test_id]
+           "-q", "-p", "no:cacheprovider", *pytest_args]
     env = dict(env, HVDTESTS_TAG=uuid.uuid4().hex)
-    start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         kill_tagged(env["HVDTESTS_TAG"])
         out, _ = proc.communicate()
+        return None, out
+
+
+def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) -> tuple[str, str, float]:
+    """One mpirun for one test; returns (verdict, the last lines of output, seconds)."""
+    start = time.monotonic()
+    returncode, out = _launch(np_, ["-x", "-rfEs", test_id], test_file, timeout, env)
+    if returncode is None:
         return "hang", out[-1500:], time.monotonic() - start
     counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     for n, kind in _SUMMARY.findall(out):
@@ -100,7 +110,7 @@ def run_one(test_id: str, test_file: Path, np_: int, timeout: float, env: dict) 
     eager_passed = sum(int(n) for n in _SUBTESTS_PASSED.findall(out)) >= np_
     if counts["failed"] and failed_modes == {"graph_mode"} and eager_passed and not counts["error"]:
         verdict = "tf1"            # the eager half passes; only the TF1-session (graph mode) half fails
-    elif counts["failed"] or counts["error"] or proc.returncode not in (0,) and not counts["skipped"]:
+    elif counts["failed"] or counts["error"] or returncode not in (0,) and not counts["skipped"]:
         verdict = "fail"
     elif counts["passed"] >= np_:
         verdict = "pass"
@@ -122,18 +132,10 @@ def run_chunk(test_ids: list[str], test_file: Path, np_: int, timeout: float, en
     again alone (:func:`run_one`), whose verdict counts; its tail then starts with the chunk's."""
     if len(test_ids) == 1:
         return [(test_ids[0], *run_one(test_ids[0], test_file, np_, timeout, env))]
-    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "pytest",
-           "-q", "-p", "no:cacheprovider", "--color=no", "-rA", *test_ids]   # mpirun's pty would color
-    env = dict(env, HVDTESTS_TAG=uuid.uuid4().hex)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=test_file.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        kill_tagged(env["HVDTESTS_TAG"])
-        out = ""
+    returncode, out = _launch(np_, ["--color=no", "-rA", *test_ids], test_file, timeout, env)  # mpirun's pty would color
+    if returncode is None:
+        out = ""                        # a hung chunk: every test in it runs again alone
     seconds = (time.monotonic() - start) / len(test_ids)
     seen: dict[str, list[str]] = {t: [] for t in test_ids}
     for kind, mode, test_id in _OUTCOME.findall(out):

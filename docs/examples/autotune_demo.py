@@ -1,6 +1,6 @@
 """What algorithm="auto" tried and kept at run time, per message size (docs/03-tree-and-cost.md).
 
-    mpirun -np 2 python docs/examples/autotune_demo.py
+    allreduce-run -np 2 python docs/examples/autotune_demo.py
 
 Each size is reduced until the tuner has decided (every rank prints the same table; rank 0 does).
 """
