@@ -6,6 +6,7 @@
     python benchmarks/sharding_bench.py --part memory     # peak RSS per parameter, 50 M parameters, -np 2, 4
     python benchmarks/sharding_bench.py --part budget     # unsharded vs stage 2 under a per-rank RSS budget, -np 4
     python benchmarks/sharding_bench.py --part time       # step time against DistributedOptimizer, -np 2
+    python benchmarks/sharding_bench.py --part cluster    # the same on the 1 Gbit/s namespace cluster, 2 x 1 (root)
     python benchmarks/sharding_bench.py --write           # the "## Sharding" section of BENCHMARKS.md
 
 Each part launches ``allreduce-run -np P python benchmarks/sharding_bench.py --worker ...``; the
@@ -26,6 +27,9 @@ budget   the budget stands in for a GPU's memory: a thread polls ``VmRSS`` every
          ``ru_maxrss`` of a run that finished is checked against it too.
 time     seconds per step of a 5.5 M-parameter MLP at -np 2, batch 32, both optimizers in one
          launch, alternating (3 rounds of 10 timed steps each after a warm-up), medians.
+cluster  ``time`` on two namespace hosts joined by a 1 Gbit/s link, one rank each
+         (``allreduce-cluster --prefix arsh up --nodes 2 --link 1gbit --slots 1``, always taken
+         down); both optimizers move the same bytes, so the ratio is what sharding's own work costs.
 """
 from __future__ import annotations
 
@@ -129,8 +133,8 @@ def worker(args) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def launch(np_: int, *args: str, check: bool = True) -> list[dict]:
-    cmd = ["allreduce-run", "-np", str(np_), sys.executable, str(Path(__file__).resolve()), "--worker", *args]
+def launch(np_: int, *args: str, check: bool = True, cluster: str = "") -> list[dict]:
+    cmd = ["allreduce-run", *([f"--cluster={cluster}"] if cluster else []), "-np", str(np_), sys.executable, str(Path(__file__).resolve()), "--worker", *args]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
                TF_NUM_INTEROP_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -170,6 +174,18 @@ def part_budget(budget: float, steps: int) -> list[dict]:
 
 def part_time() -> list[dict]:
     return launch(2, "time", "--model", "small", "--batch", "32")
+
+
+def part_cluster() -> list[dict]:
+    from allreduce.cluster import net
+    if os.geteuid() != 0:
+        raise SystemExit("sharding_bench --part cluster: the namespace cluster needs root")
+    up = ["allreduce-cluster", "--prefix", "arsh", "up", "--nodes", "2", "--link", "1gbit", "--slots", "1"]
+    try:
+        subprocess.run(up, check=True, timeout=300)
+        return launch(2, "time", "--model", "small", "--batch", "32", cluster="arsh")
+    finally:
+        net.down("arsh")
 
 
 # --------------------------------------------------------------------------- the page
@@ -245,7 +261,15 @@ def render(saved: dict) -> str:
         lines += [f"Step time, -np 2 on this machine, {rows[0]['params']:,} parameters, batch 32 per rank: "
                   f"DistributedOptimizer {a * 1e3:.1f} ms, ShardedOptimizer stage 2 {b * 1e3:.1f} ms: "
                   f"**{b / a:.2f}x** (goal <= 1.10x: {'met' if b / a <= 1.10 else 'NOT met'}).", ""]
-    lines += ["Step time on the 1 Gbit/s namespace cluster (goal <= 1.05x): not measured by this tool yet.", ""]
+    if "cluster" in saved:
+        rows = saved["cluster"]["rows"]
+        a, b = _median(rows, "unsharded_s"), _median(rows, "stage2_s")
+        lines += [f"Step time on the 1 Gbit/s namespace cluster, 2 hosts x 1 rank, the same model and batch: "
+                  f"DistributedOptimizer {a * 1e3:.1f} ms, ShardedOptimizer stage 2 {b * 1e3:.1f} ms: "
+                  f"**{b / a:.2f}x** (goal <= 1.05x: {'met' if b / a <= 1.05 else 'NOT met'}).", ""]
+    else:
+        lines += ["Step time on the 1 Gbit/s namespace cluster (goal <= 1.05x): not measured yet "
+                  "(`--part cluster`).", ""]
     return "\n".join(lines)
 
 
@@ -264,7 +288,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", default="stage2", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="big", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=16, help=argparse.SUPPRESS)
-    parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time"])
+    parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time", "cluster"])
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per memory run")
     parser.add_argument("--budget-mib", type=float, default=0.0, help="per-rank RSS budget (budget part: 2000)")
     parser.add_argument("--write", action="store_true", help="render the saved results into BENCHMARKS.md")
@@ -277,7 +301,7 @@ def main(argv=None) -> int:
     for part in args.part or []:
         load = os.getloadavg()
         started = time.strftime("%H:%M UTC", time.gmtime())
-        rows = {"state": part_state, "time": part_time,
+        rows = {"state": part_state, "time": part_time, "cluster": part_cluster,
                 "memory": lambda: part_memory(args.steps),
                 "budget": lambda: part_budget(args.budget_mib or 2000.0, args.steps)}[part]()
         saved[part] = {"rows": rows, "command": f"python benchmarks/sharding_bench.py --part {part}"
