@@ -8,4 +8,4 @@ bash scripts/setup.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 export PATH="$PWD/.venv/bin:$PATH"
-exec .venv/bin/python -m pytest -q -ra "$@"
+exec .venv/bin/python -m pytest -q -ra --durations=25 "$@"   # the 25 slowest: the suite must stay under 15 min
