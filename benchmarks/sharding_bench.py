@@ -193,6 +193,12 @@ def _median(rows, key):
     return statistics.median(r[key] for r in rows)
 
 
+def _step_time(rows, what: str, goal: float) -> str:
+    a, b = _median(rows, "unsharded_s"), _median(rows, "stage2_s")
+    return (f"{what}: DistributedOptimizer {a * 1e3:.1f} ms, ShardedOptimizer stage 2 {b * 1e3:.1f} ms: "
+            f"**{b / a:.2f}x** (goal <= {goal:.2f}x: {'met' if b / a <= goal else 'NOT met'}).")
+
+
 def render(saved: dict) -> str:
     lines = [TITLE, ""]
     for part, info in saved.items():
@@ -257,16 +263,11 @@ def render(saved: dict) -> str:
         lines.append("")
     if "time" in saved:
         rows = saved["time"]["rows"]
-        a, b = _median(rows, "unsharded_s"), _median(rows, "stage2_s")
-        lines += [f"Step time, -np 2 on this machine, {rows[0]['params']:,} parameters, batch 32 per rank: "
-                  f"DistributedOptimizer {a * 1e3:.1f} ms, ShardedOptimizer stage 2 {b * 1e3:.1f} ms: "
-                  f"**{b / a:.2f}x** (goal <= 1.10x: {'met' if b / a <= 1.10 else 'NOT met'}).", ""]
+        lines += [_step_time(rows, f"Step time, -np 2 on this machine, {rows[0]['params']:,} parameters, "
+                                   "batch 32 per rank", 1.10), ""]
     if "cluster" in saved:
-        rows = saved["cluster"]["rows"]
-        a, b = _median(rows, "unsharded_s"), _median(rows, "stage2_s")
-        lines += [f"Step time on the 1 Gbit/s namespace cluster, 2 hosts x 1 rank, the same model and batch: "
-                  f"DistributedOptimizer {a * 1e3:.1f} ms, ShardedOptimizer stage 2 {b * 1e3:.1f} ms: "
-                  f"**{b / a:.2f}x** (goal <= 1.05x: {'met' if b / a <= 1.05 else 'NOT met'}).", ""]
+        lines += [_step_time(saved["cluster"]["rows"], "Step time on the 1 Gbit/s namespace cluster, 2 hosts x 1 "
+                                                       "rank, the same model and batch", 1.05), ""]
     else:
         lines += ["Step time on the 1 Gbit/s namespace cluster (goal <= 1.05x): not measured yet "
                   "(`--part cluster`).", ""]

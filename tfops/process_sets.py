@@ -40,11 +40,12 @@ import allreduce as ar
 from allreduce.process_sets import (ProcessSet, add_process_set, global_process_set, process_set_by_id,
                                     remove_process_set)
 
+from .arguments import scale
 from .ops import _numpy_call, _plain_python, in_step
 
 __all__ = ["ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "process_set_by_id",
            "process_set_included_op", "NotInProcessSetError", "communicator_of", "is_global",
-           "with_process_set", "gather_grad", "gather_raw", "scaled"]
+           "with_process_set", "gather_grad", "gather_raw"]
 
 _OPS = {ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product}
 
@@ -85,22 +86,6 @@ def process_set_included_op(process_set_id: int = 0, name=None):
     return tf.reshape(_numpy_call("process_set_included", run, [], [tf.int32])[0], [])
 
 
-def scaled(a: np.ndarray, factor: float) -> np.ndarray:
-    """``a * factor`` cast back to ``a``'s dtype, computed as :func:`.arguments.scale` (Horovod's CPU
-    ops) does: 16-bit floats in float32, integers in float64, the rest in their own dtype (a factor
-    of 1 costs nothing)."""
-    if factor == 1.0:
-        return a
-    if a.dtype.kind in "iub":
-        compute = np.float64
-    elif a.dtype.kind == "f" and a.dtype.itemsize >= 4:
-        compute = a.dtype
-    else:                                       # float16 and bfloat16 (ml_dtypes: kind 'V')
-        compute = np.float32
-    return np.asarray(a.astype(compute) * compute(factor) if compute is not a.dtype
-                      else a * a.dtype.type(factor)).astype(a.dtype, copy=False)
-
-
 def _call(what: str, fn, xs: list, dtypes: list, shapes: list, comm) -> list:
     ys = _numpy_call(what, in_step(fn, comm), xs, dtypes)     # fn on ``comm``: in step on the world
     for y, shape in zip(ys, shapes):
@@ -121,9 +106,10 @@ def _op_of(op, average):
 def _reduce(x, op, pre: float, post: float, ps):
     comm = communicator_of(ps)
 
-    def raw(x):
-        return _call("allreduce", lambda a: scaled(comm.allreduce(scaled(a, pre), op), post),
-                     [x], [x.dtype], [x.shape], comm)[0]
+    def raw(x):                                 # scaled as the global allreduce is (arguments.scale)
+        y = _call("allreduce", lambda a: comm.allreduce(a, op), [scale(x, pre, "prescale_factor")], [x.dtype],
+                  [x.shape], comm)[0]
+        return scale(y, post, "postscale_factor")
     if not x.dtype.is_floating:
         return raw(x)
 
