@@ -33,21 +33,33 @@ def test_layout_owns_every_element_once(sizes, p, bucket_bytes):
         layouts = [layout[d] for layout in per_rank]
         owner = np.full(total, -1)
         for r, sh in enumerate(layouts):
-            assert sh.total == total and sh.padded % p == 0 and 0 <= sh.padding < p and sh.per_rank * p == sh.padded
-            for s in sh.segments:                        # a segment is inside its variable and inside the slice
+            assert sh.total == total and sum(s.size for s in sh.segments) == sh.per_rank
+            assert sorted({s.var for s in sh.segments}) == [s.var for s in sh.segments], "two segments of a variable"
+            for s in sh.segments:                        # a segment is inside its variable and its piece
                 k = sh.vars.index(s.var)
                 assert 0 <= s.var_start and s.var_start + s.size <= sh.sizes[k]
                 flat = sh.offsets[k] + s.var_start
-                assert sh.lo + s.slice_start == flat and s.slice_start + s.size <= sh.per_rank
+                b = sh.bucket_of(s.var)
+                lo, hi = b.piece(r)
+                assert lo <= flat and flat + s.size <= hi
+                assert s.slice_start == sh.piece_at[sh.buckets.index(b)] + flat - lo
                 assert (owner[flat:flat + s.size] == -1).all(), "an element owned twice"
                 owner[flat:flat + s.size] = r
         assert (owner >= 0).all(), "an element nobody owns"
-        bks = layouts[0].buckets                         # same buckets everywhere, tiling [0, padded)
+        # balanced: every rank owns floor or ceil of N/p (no padding), and every bucket's pieces differ
+        # by at most one element, so each reduce-scatter sends as many bytes each way on every link
+        assert {sh.per_rank for sh in layouts} <= {total // p, -(-total // p)}
+        bks = layouts[0].buckets                         # same buckets everywhere, tiling [0, total)
         assert all(layout.buckets == bks for layout in layouts)
-        assert sorted((b.start, b.stop) for b in bks)[0][0] == 0
+        for b in bks:
+            assert sum(b.counts) == b.stop - b.start and max(b.counts) - min(b.counts) <= 1
         edges = sorted((b.start, b.stop) for b in bks)
-        assert all(a[1] == b[0] for a, b in zip(edges, edges[1:])) and edges[-1][1] == layouts[0].padded
-        assert [sum(b.counts[r] for b in bks) for r in range(p)] == [layouts[0].per_rank] * p
+        assert edges[0][0] == 0 and edges[-1][1] == total and all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
+        for r, sh in enumerate(layouts):                 # what state.py gathers: a variable's pieces, rank by rank
+            for k, v in enumerate(sh.vars):
+                assert sum(sh.var_counts(v)) == sh.sizes[k]
+                mine = next((s.size for s in sh.segments if s.var == v), 0)
+                assert sh.var_counts(v)[r] == mine
         assert [max(b.vars) for b in bks] == sorted((max(b.vars) for b in bks), reverse=True)  # backprop order
 
 

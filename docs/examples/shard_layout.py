@@ -3,9 +3,9 @@
     python docs/examples/shard_layout.py --sizes 6,2,9,1 -p 4          # the layout, computed
     allreduce-run -np 4 python docs/examples/shard_layout.py --sizes 6,2,9,1 --run   # and measured
 
-Lays variables of the given element counts end to end, pads the flat vector to a multiple of p
-and prints each rank's slice, the segments of variables inside it, and the bytes of Adam state
-(m and v, float32) it holds against one unsharded Adam. With ``--run`` (under allreduce-run) each
+Lays variables of the given element counts end to end, cuts them into buckets in backprop
+order and each bucket into p pieces, and prints the buckets, each rank's segments of variables
+and the bytes of Adam state (m and v, float32) it holds against one unsharded Adam. With ``--run`` (under allreduce-run) each
 rank builds ``tfops.ShardedOptimizer(Adam)`` over real variables of those sizes and prints the
 bytes of its slot variables, measured: they must equal the computed ones.
 """
@@ -25,16 +25,18 @@ class _Var:
         self.shape, self.dtype = (n,), "float32"
 
 
-def show(sizes: list[int], p: int) -> None:
+def show(sizes: list[int], p: int, bucket_bytes: int | None) -> None:
     variables = [_Var(n) for n in sizes]
-    first = shards(variables, 0, p)[0]
-    print(f"{first.total} parameters, padded to {first.padded} ({first.padding} padding), "
-          f"{first.per_rank} per rank; unsharded Adam state {8 * first.total} bytes")
+    first = shards(variables, 0, p, bucket_bytes)[0]
+    print(f"{first.total} parameters; unsharded Adam state {8 * first.total} bytes")
+    for k, b in enumerate(first.buckets):
+        names = " ".join(f"v{v}" for v in b.vars)
+        print(f"bucket {k} ({names}): flat [{b.start}, {b.stop}), pieces {' '.join(map(str, b.counts))}")
     for r in range(p):
-        sh = shards(variables, r, p)[0]
+        sh = shards(variables, r, p, bucket_bytes)[0]
         pieces = " ".join(f"v{s.var}[{s.var_start}:{s.var_start + s.size}]" for s in sh.segments)
         state = 8 * sum(s.size for s in sh.segments)
-        print(f"rank {r}: flat [{sh.lo}, {sh.lo + sh.per_rank})  {pieces:<40} Adam state {state} bytes")
+        print(f"rank {r}: {sh.per_rank} elements  {pieces:<28} Adam state {state} bytes")
 
 
 def run(sizes: list[int]) -> None:
@@ -52,10 +54,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="6,2,9,1", help="element counts of the variables, in model order")
     parser.add_argument("-p", type=int, default=4, help="ranks (without --run)")
+    parser.add_argument("--bucket-bytes", type=int, default=None,
+                        help="bytes per bucket (default tfops.overlap's); small values show several buckets")
     parser.add_argument("--run", action="store_true", help="measure a real ShardedOptimizer (under allreduce-run)")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
-    run(sizes) if args.run else show(sizes, args.p)
+    run(sizes) if args.run else show(sizes, args.p, args.bucket_bytes)
 
 
 if __name__ == "__main__":

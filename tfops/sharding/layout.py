@@ -3,23 +3,32 @@
 Pure functions of the variables' shapes and dtypes and of (rank, size): every rank computes
 the same layout without talking (the variables are checked to agree first, :mod:`.exchange`).
 
-Per dtype, the variables are laid end to end in model order and the flat vector is padded with
-zeros to a multiple of p; rank r owns the contiguous slice ``[r*s, (r+1)*s)``, ``s = ceil(N/p)``::
+Per dtype, the variables are laid end to end in model order. Gradients travel in *buckets*:
+runs of whole variables in backprop order (last variable first, :func:`tfops.overlap.buckets`),
+each a contiguous range ``[start, stop)`` of the flat vector. Every bucket is cut into p
+contiguous *pieces*, one per rank in rank order, whose sizes differ by at most one element;
+rank r owns piece r of every bucket. Its *slice* is its pieces laid end to end in flat order::
 
-    variables   |--- w0 (6) ---|-- b0 (2) --|------- w1 (9) -------|b1 1|      N = 18, p = 4
-    flat        0              6            8                      17   18 20  (2 padding)
-    ranks       |--- r0 (5) ---|--- r1 (5) ---|--- r2 (5) ---|--- r3 (5) ---|
-    segments    r0: w0[0:5]    r1: w0[5:6] b0[0:2] w1[0:2]   r2: w1[2:7]   r3: w1[7:9] b1[0:1]
+    variables   |--- w0 (6) ---|b0 2|------- w1 (9) -------|b1|       N = 18, p = 4
+    buckets     |------ bucket 1 (8) ------|------ bucket 0 (10) -----|   (backprop: bucket 0 first)
+    pieces      | r0 2| r1 2| r2 2| r3 2|  |r0 3 |r1 3 | r2 2 | r3 2 |
+    segments    r0: w0[0:2] w1[0:3]   r1: w0[2:4] w1[3:6]   r2: w0[4:6] w1[6:8]   r3: b0[0:2] w1[8:9] b1
 
-A rank's *segments* are the pieces of variables inside its slice (at most one per variable,
-in model order); the inner optimizer is built over them, so its slots hold ``s`` elements per
-slot instead of N, whatever the sizes of the tensors: one large embedding cannot unbalance it
+Why pieces of every bucket, not one contiguous ``[r*s, (r+1)*s)`` of the whole flat vector: a
+bucket then lies mostly inside one or two ranks' slices, so its reduce-scatter is a *reduce* to
+them. Every other rank sends and the owner only receives: each link carries bytes in one
+direction at a time, and a full-duplex link moves the step's bytes at half its speed (measured
+on the 1 Gbit/s cluster: 1.42x DistributedOptimizer's step, see BENCHMARKS.md "Sharding").
+Pieces of every bucket make each bucket's reduce-scatter and allgather the balanced ring of
+lesson 2 (PyTorch FSDP shards each flat parameter the same way). A rank's *segments* are the
+pieces of variables inside its pieces: at most one per variable, since a variable lies in one
+bucket and a piece is contiguous. The inner optimizer is built over them, so its slots hold
+about N/p elements whatever the sizes of the tensors: one large embedding cannot unbalance it
 (PyTorch's ZeroRedundancyOptimizer, which gives whole tensors to ranks, can).
 
-Gradients travel in *buckets*: runs of whole variables in backprop order (last variable first,
-:func:`tfops.overlap.buckets`), each a contiguous range ``[start, stop)`` of the flat vector;
-the bucket holding the last variable also carries the padding. Rank r receives the part of
-every bucket that falls inside its slice, so ``counts`` are uneven per bucket and sum to s.
+The remainder of a bucket that p does not divide goes one element each to the next ranks in
+turn, continuing from where the previous bucket's stopped, so every rank owns ``floor(N/p)`` or
+``ceil(N/p)`` elements: nothing is padded.
 """
 from __future__ import annotations
 
@@ -42,46 +51,51 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True)
 class Bucket:
-    """Variables ``vars`` (model indices, ascending) covering flat ``[start, stop)``;
-    ``counts[r]`` of those elements belong to rank r, the first at flat ``max(start, r*s)``."""
+    """Variables ``vars`` (model indices, ascending) covering flat ``[start, stop)``; rank r's
+    piece is the next ``counts[r]`` elements after the pieces of ranks 0..r-1."""
     vars: tuple[int, ...]
     start: int
     stop: int
     counts: tuple[int, ...]
 
+    def piece(self, r: int) -> tuple[int, int]:
+        """Flat ``[first, last)`` of rank ``r``'s piece."""
+        first = self.start + sum(self.counts[:r])
+        return first, first + self.counts[r]
+
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
     """One dtype's flat space: its variables (model indices, model order), their sizes and flat
-    offsets, the padded length, this rank's slice ``[lo, lo + per_rank)``, segments and buckets."""
+    offsets, the buckets (backprop order), this rank's element count, where each bucket's piece
+    starts in this rank's slice (``piece_at``, aligned with ``buckets``) and its segments."""
     dtype: str
     vars: tuple[int, ...]
     sizes: tuple[int, ...]
     offsets: tuple[int, ...]
     total: int
-    padded: int
     per_rank: int
-    lo: int
-    segments: tuple[Segment, ...]
     buckets: tuple[Bucket, ...]
+    piece_at: tuple[int, ...]
+    segments: tuple[Segment, ...]
 
-    @property
-    def padding(self) -> int:
-        """Zeros after the last variable: fewer than p."""
-        return self.padded - self.total
+    def bucket_of(self, var: int) -> Bucket:
+        """The bucket that carries model variable ``var``."""
+        return next(b for b in self.buckets if var in b.vars)
+
+    def var_counts(self, var: int) -> list[int]:
+        """How many elements of model variable ``var`` each rank owns (in rank order, the pieces
+        lie in the variable's flat order)."""
+        k = self.vars.index(var)
+        at, n, b = self.offsets[k], self.sizes[k], self.bucket_of(var)
+        return [max(0, min(at + n, hi) - max(at, lo)) for lo, hi in (b.piece(r) for r in range(len(b.counts)))]
 
 
-def _counts(start: int, stop: int, per_rank: int, size: int) -> tuple[int, ...]:
-    return tuple(max(0, min(stop, (r + 1) * per_rank) - max(start, r * per_rank)) for r in range(size))
-
-
-def _segments(sizes, offsets, var_ids, lo: int, hi: int) -> tuple[Segment, ...]:
-    out = []
-    for v, n, at in zip(var_ids, sizes, offsets):
-        a, b = max(at, lo), min(at + n, hi)
-        if a < b:
-            out.append(Segment(var=v, var_start=a - at, slice_start=a - lo, size=b - a))
-    return tuple(out)
+def _split(n: int, size: int, turn: int) -> tuple[int, ...]:
+    """``n`` elements over ``size`` ranks: ``n // size`` each, one more for the ``n % size`` ranks
+    from ``turn`` on (cyclically)."""
+    extra = n % size
+    return tuple(n // size + (1 if (r - turn) % size < extra else 0) for r in range(size))
 
 
 def shards(variables, rank: int, size: int, bucket_bytes: int | None = None) -> list[Shard]:
@@ -95,20 +109,27 @@ def shards(variables, rank: int, size: int, bucket_bytes: int | None = None) -> 
     for dtype, ids in by_dtype.items():
         sizes = [int(tf.TensorShape(variables[i].shape).num_elements()) for i in ids]
         offsets = [sum(sizes[:k]) for k in range(len(sizes))]
-        total = sum(sizes)
-        per_rank = -(-total // size)
-        padded = per_rank * size
-        lo = rank * per_rank
-        order = _backprop_buckets([_Sized(n, dtype) for n in sizes], bucket_bytes)
-        bks = []
-        for members in order:                          # positions within ids, last variable first
-            start = offsets[min(members)]
-            stop = padded if max(members) == len(ids) - 1 else offsets[max(members)] + sizes[max(members)]
+        bks, turn = [], 0
+        for members in _backprop_buckets([_Sized(n, dtype) for n in sizes], bucket_bytes):
+            start = offsets[min(members)]                  # positions within ids, last variable first
+            stop = offsets[max(members)] + sizes[max(members)]
             bks.append(Bucket(vars=tuple(ids[k] for k in sorted(members)), start=start, stop=stop,
-                              counts=_counts(start, stop, per_rank, size)))
-        out.append(Shard(dtype=dtype, vars=tuple(ids), sizes=tuple(sizes), offsets=tuple(offsets), total=total,
-                         padded=padded, per_rank=per_rank, lo=lo,
-                         segments=_segments(sizes, offsets, ids, lo, lo + per_rank), buckets=tuple(bks)))
+                              counts=_split(stop - start, size, turn)))
+            turn = (turn + (stop - start)) % size
+        at, piece_at = 0, {}
+        for b in sorted(bks, key=lambda b: b.start):       # the slice: this rank's pieces in flat order
+            piece_at[b.start], at = at, at + b.counts[rank]
+        segments = []
+        for v, n, off in zip(ids, sizes, offsets):
+            b = next(b for b in bks if v in b.vars)
+            lo, hi = b.piece(rank)
+            first, last = max(off, lo), min(off + n, hi)
+            if first < last:
+                segments.append(Segment(var=v, var_start=first - off, slice_start=piece_at[b.start] + first - lo,
+                                        size=last - first))
+        out.append(Shard(dtype=dtype, vars=tuple(ids), sizes=tuple(sizes), offsets=tuple(offsets), total=sum(sizes),
+                         per_rank=at, buckets=tuple(bks), piece_at=tuple(piece_at[b.start] for b in bks),
+                         segments=tuple(segments)))
     return out
 
 

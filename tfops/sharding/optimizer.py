@@ -40,10 +40,12 @@ import tensorflow as tf
 
 import allreduce as ar
 from keras.src.utils import tracking
+from tensorflow.python.framework import func_graph
 
 from ..errors import tf_typed
+from ..overlap import _submit_first
 from .checks import check_inner as _check_inner, from_tape as _from_tape
-from .exchange import allgather_bucket, check_same_model, reducescatter_bucket
+from .exchange import ReduceScatters, allgather_bucket, check_same_model
 from . import elastic
 from .lamb import SegmentLamb
 from .layout import shards
@@ -103,7 +105,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         var_list, rank, size = self._model_vars, ar.rank(), ar.size()
         self._shards = shards(var_list, rank, size, self.bucket_bytes or BUCKET_BYTES)
         for sh in self._shards:                           # a rank with no element would skip the step
-            if (size - 1) * sh.per_rank >= sh.total:
+            if sh.total < size:
                 raise ValueError(f"ShardedOptimizer: {sh.total} {sh.dtype} elements are too few to shard over "
                                  f"{size} ranks (rank {size - 1} would own none)")
         segs = sorted((s for sh in self._shards for s in sh.segments), key=lambda s: (s.var, s.var_start))
@@ -122,10 +124,8 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                 inner._var_key(sv) for s, sv in zip(segs, self._seg_vars) if inner._var_key(var_list[s.var]) in self._excluded}
             inner._exclude_from_weight_decay_cache = {}
         inner.build(self._seg_vars)
-        self._buffers = {}
-        for sh in self._shards:                           # setup here; the step allocates none of these
-            longest = max(b.stop - b.start for b in sh.buckets)
-            self._buffers[sh.dtype] = np.zeros(sh.padded if self.stage == 1 else longest, sh.dtype)
+        # stage 1: one persistent flat gradient buffer (DeepSpeed's); stage 2: a buffer per bucket in flight
+        self._buffers = {sh.dtype: np.zeros(sh.total, sh.dtype) for sh in self._shards} if self.stage == 1 else {}
         self._laid_out_for, self._state_view = (rank, size), None
 
     def _build_once(self, variables) -> None:
@@ -171,29 +171,39 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
             sv.assign(tf.reshape(self._model_vars[s.var], [-1])[s.var_start:s.var_start + s.size])
 
     def _reduce_scatter(self, grads) -> list:
-        out: dict[int, tf.Tensor] = {}
+        """Each bucket's gradients handed to the reduce-scatter thread as soon as backprop has them
+        (one submit op per bucket, :func:`tfops.overlap._submit_first` in a ``tf.function``), then
+        one wait op for every bucket's part: this rank's slice of the averaged gradients."""
+        pending, groups, tokens, where = ReduceScatters(), [], [], []
         for sh in self._shards:
-            buf, parts = self._buffers[sh.dtype], []
             for bk in sh.buckets:                         # backprop order: the last variables' bucket first
-                def run(*arrays, sh=sh, bk=bk, buf=buf, first=sh is self._shards[0] and bk is sh.buckets[0]):
-                    at = bk.start if self.stage == 1 else 0
-                    return reducescatter_bucket(list(arrays), sh, bk, buf[at:at + bk.stop - bk.start], first=first)
+                def submit(*arrays, sh=sh, bk=bk, first=not tokens):
+                    buf = self._buffers[sh.dtype][bk.start:bk.stop] if self.stage == 1 else None
+                    return np.int32(pending.submit(list(arrays), sh, bk, buf, first=first))
                 xs = [tf.cast(tf.convert_to_tensor(grads[v]), sh.dtype) for v in bk.vars]
-                part = tf.numpy_function(tf_typed(run), xs, tf.as_dtype(sh.dtype), stateful=True, name="tfops_shard_rs")
-                part.set_shape([bk.counts[ar.rank()]])
-                parts.append((max(bk.start, sh.lo), part))
-            mine = tf.concat([p for _, p in sorted(parts, key=lambda t: t[0])], 0)
+                token = tf.numpy_function(tf_typed(submit), xs, tf.int32, stateful=True, name="tfops_shard_rs")
+                groups.append(xs)
+                tokens.append(token)
+                where.append((sh, bk))
+        parts = tf.numpy_function(tf_typed(lambda *_tokens: pending.wait()), tokens,
+                                  [tf.as_dtype(sh.dtype) for sh, _ in where], stateful=True, name="tfops_shard_rs_wait")
+        if len(tokens) > 1 and isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
+            _submit_first(groups, [t.op for t in tokens])
+        for (_, bk), part in zip(where, parts):
+            part.set_shape([bk.counts[ar.rank()]])
+        out: dict[int, tf.Tensor] = {}
+        for sh in self._shards:                           # the slice: this rank's pieces in flat order
+            mine = sorted(((bk.start, part) for (s, bk), part in zip(where, parts) if s is sh), key=lambda t: t[0])
+            slice_ = tf.concat([part for _, part in mine], 0)
             for s in sh.segments:
-                out[s.var] = mine[s.slice_start:s.slice_start + s.size]
+                out[s.var] = slice_[s.slice_start:s.slice_start + s.size]
         return [out[s.var] for s in self._segments]
 
     def _gather_into_model(self) -> None:
         for sh in self._shards:
             mine = [sv for s, sv in zip(self._segments, self._seg_vars) if s.var in sh.vars]
-            pad = sh.per_rank - sum(s.size for s in sh.segments)
-            flat_mine = tf.concat([tf.convert_to_tensor(v) for v in mine] + [tf.zeros([pad], sh.dtype)], 0)
-            for bk in sh.buckets:                         # the same order as the reduce-scatters
-                at = max(bk.start, sh.lo) - sh.lo
+            flat_mine = tf.concat([tf.convert_to_tensor(v) for v in mine], 0)    # this rank's slice
+            for bk, at in zip(sh.buckets, sh.piece_at):   # the same order as the reduce-scatters
                 part = flat_mine[at:at + bk.counts[ar.rank()]]
                 fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk)), [part],
                                           [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")

@@ -99,11 +99,7 @@ class GatheredState:
         """Every rank's element count of variable ``var`` and this rank's segment (or None)."""
         for sh in self._w._shards:
             if var in sh.vars:
-                k = sh.vars.index(var)
-                at, n = sh.offsets[k], sh.sizes[k]
-                counts = [max(0, min(at + n, (r + 1) * sh.per_rank) - max(at, r * sh.per_rank))
-                          for r in range(ar.size())]
-                return counts, next((s for s in self._w._segments if s.var == var), None)
+                return sh.var_counts(var), next((s for s in self._w._segments if s.var == var), None)
         raise KeyError(var)
 
     def gather(self, var: int, slot: str) -> np.ndarray:
