@@ -189,6 +189,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                                   [tf.as_dtype(sh.dtype) for sh, _ in where], stateful=True, name="tfops_shard_rs_wait")
         if len(tokens) > 1 and isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
             _submit_first(groups, [t.op for t in tokens])
+        parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]   # (one output: TF returns it bare)
         for (_, bk), part in zip(where, parts):
             part.set_shape([bk.counts[ar.rank()]])
         out: dict[int, tf.Tensor] = {}
