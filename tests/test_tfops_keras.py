@@ -19,7 +19,7 @@ def test_keras_parity_one_process_without_mpirun():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])     # 3: uneven shards, not a power of two; 1 process: the test below (2 was dropped for the 15-minute suite)
 def test_keras_parity_under_mpirun(np_):
     out = mpirun(np_, "tf_keras_parity.py", timeout=TIMEOUT, env=TF_ENV).stdout
     assert all(f"rank {r}: tf_keras_parity OK" in out for r in range(np_)), out[-3000:]
