@@ -54,10 +54,13 @@ from .state import GatheredState
 
 __all__ = ["ShardedOptimizer", "ShardedOptimizerWrapper", "BUCKET_BYTES"]
 
-BUCKET_BYTES = 4 << 20
-"""Gradient bytes per reduce-scatter (and allgather) call. Each call holds TF's thread until its ring
-is done (the engine's allreduce runs on its own thread; these do not), so small buckets buy little
-overlap and each costs a call (~50 us and a metadata check): 4 MiB, not the engine's 1 MiB."""
+BUCKET_BYTES = 1 << 20
+"""Gradient bytes per reduce-scatter (and allgather) call, as the engine's buckets
+(:data:`tfops.overlap.BUCKET_BYTES`). Not larger: on the 1 Gbit/s namespace cluster a ring
+step's message of 2 MiB or more moved at about half the link's rate (reduce-scatter + allgather
+of 22 MB at p = 2: 0.95 Gbit/s in buckets of 128 KiB to 1 MiB, 0.55 Gbit/s in buckets of 4 MiB,
+0.49 in one bucket; docs/14-sharding.md), and the reduce-scatters run on their own thread, so a
+call no longer holds backprop up."""
 
 def _shard_state_is_not_saved(store) -> None:
     """The inner optimizer's ``save_own_variables`` / ``load_own_variables``: the wrapper's write its state."""
@@ -297,7 +300,7 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
             of the averaged gradient.
         name: the wrapper's name; default ``"Sharded" + optimizer.name``.
         bucket_bytes: gradient bytes per reduce-scatter call (default :data:`BUCKET_BYTES`,
-            4 MiB); every rank must pass the same value.
+            1 MiB); every rank must pass the same value.
 
     Returns:
         A ``keras.optimizers.Optimizer``. Every rank must build it over the same variables, in
