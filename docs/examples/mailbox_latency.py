@@ -1,4 +1,4 @@
-"""Small swaps through MPI and through the shared-memory mailboxes (docs/10-shared-memory.md).
+"""Small swaps through MPI and through the shared-memory mailboxes (docs/notes.md, "Small messages: mailboxes").
 
     allreduce-run --bind-to core -np 2 python docs/examples/mailbox_latency.py
 
