@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-__all__ = ["chunk_sizes", "chunk_offsets", "chunks", "segments", "num_segments"]
+__all__ = ["chunk_sizes", "chunk_offsets", "chunks", "segments", "num_segments", "messages", "MESSAGE_BYTES"]
 
 
 def chunk_sizes(count: int, parts: int) -> list[int]:
@@ -48,3 +48,13 @@ def num_segments(count: int, itemsize: int, segment_bytes: int) -> int:
 def segments(offset: int, size: int, nseg: int) -> tuple[tuple[int, int], ...]:
     """Cut the piece ``[offset, offset+size)`` into ``nseg`` pieces, dropping empty ones."""
     return tuple((offset + o, n) for o, n in chunks(size, nseg) if n > 0)
+
+
+MESSAGE_BYTES = 256 << 10
+"""Reduce-scatter and allgather send a block as messages of at most this many bytes (the ring's
+segment size), a window of them at a time (``transport.base.send_recv_messages``)."""
+
+
+def messages(offset: int, count: int, itemsize: int, max_bytes: int = MESSAGE_BYTES) -> tuple[tuple[int, int], ...]:
+    """``[offset, offset + count)`` as (start, length) messages of at most ``max_bytes`` (none if empty)."""
+    return segments(offset, count, num_segments(count, itemsize, max_bytes))

@@ -18,7 +18,8 @@ Cost: (p-1) alpha + (p-1)/p N beta, with N the bytes gathered (for equal
 blocks; with uneven counts the step time is set by the largest block in
 flight). It is the second half of ring allreduce, on its own.
 
-A block of zero elements is not sent at all: sender and receiver both know
+A block goes as messages of at most ``partition.MESSAGE_BYTES`` (256 KiB), two in flight each
+way, as in ``reducescatter``. A block of zero elements is not sent at all: sender and receiver both know
 its size, so both skip it.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..transport.base import Transport
+from .. import partition
+from ..transport.base import Transport, send_recv_messages
 
 __all__ = ["allgather", "allgatherv"]
 
@@ -66,9 +68,7 @@ def allgatherv(comm: Transport, block: np.ndarray, out: np.ndarray, counts: Sequ
     for s in range(p - 1):
         comm.mark("allgather", s)
         send, recv = (rank - s) % p, (rank - s - 1) % p
-        requests = []
-        if counts[recv]:                                     # the left neighbour sends block recv
-            requests.append(comm.irecv(out[offsets[recv]:offsets[recv] + counts[recv]], recv_from, TAG))
-        if counts[send]:                                     # forward the block received last step
-            requests.append(comm.isend(out[offsets[send]:offsets[send] + counts[send]], send_to, TAG))
-        comm.wait_all(requests)
+        send_recv_messages(comm,                                 # forward last step's block, get block recv
+                           [out[at:at + n] for at, n in partition.messages(offsets[send], counts[send], out.itemsize)],
+                           send_to, [out[at:at + n] for at, n in partition.messages(offsets[recv], counts[recv], out.itemsize)],
+                           recv_from, TAG)

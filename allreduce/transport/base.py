@@ -110,3 +110,24 @@ def wait_all(transport: Transport, requests: list) -> None:
     if requests:
         transport.wait_all(requests)
         requests.clear()
+
+
+WINDOW = 2
+"""Messages in flight each way in :func:`send_recv_messages`, as the ring's pipeline depth."""
+
+
+def send_recv_messages(transport: Transport, send: list, dest: int, recv: list, source: int, tag: int,
+                       window: int = WINDOW) -> None:
+    """Send the arrays ``send`` to ``dest`` and receive into ``recv`` from ``source``, in order,
+    with at most ``window`` messages each way in flight.
+
+    A window, not everything at once: on the 1 Gbit/s namespace cluster (2 ranks, MPI over TCP)
+    a reduce-scatter + allgather of 22 MB, its 11 MB block posted at once, took 361 ms; in 256 KiB
+    messages two at a time, 191 ms (the wire's bound: 176 ms). The first is the time of the two
+    directions one after the other. The shaper is not the cause (``tc -s qdisc``: nothing
+    dropped in either run); why MPI's TCP path serialises many large messages is not found.
+    """
+    for at in range(0, max(len(send), len(recv)), window):
+        requests = [transport.irecv(a, source, tag) for a in recv[at:at + window]]
+        requests += [transport.isend(a, dest, tag) for a in send[at:at + window]]
+        wait_all(transport, requests)

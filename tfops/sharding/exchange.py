@@ -41,8 +41,8 @@ class ReduceScatters:
     """One step's reduce-scatters, run in submission order on one thread of their own.
 
     The ring of a bucket blocks its caller until every rank has sent its part. Run on TF's
-    thread it would hold backprop up for that long (measured on the 1 Gbit/s cluster: the
-    step was reduce-scatter *after* backprop, not under it); here ``submit`` packs the bucket
+    thread it would hold backprop up for that long (with one inter-op thread, backprop stopped
+    while the link worked); here ``submit`` packs the bucket
     into a buffer of its own (TF may free the gradients at once) and returns, and one worker
     thread, first in first out, runs the rings: every rank runs them in the same order.
     ``wait`` returns every bucket's part, after all of them have finished, and raises the first

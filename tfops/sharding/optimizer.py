@@ -56,11 +56,9 @@ __all__ = ["ShardedOptimizer", "ShardedOptimizerWrapper", "BUCKET_BYTES"]
 
 BUCKET_BYTES = 1 << 20
 """Gradient bytes per reduce-scatter (and allgather) call, as the engine's buckets
-(:data:`tfops.overlap.BUCKET_BYTES`). Not larger: on the 1 Gbit/s namespace cluster a ring
-step's message of 2 MiB or more moved at about half the link's rate (reduce-scatter + allgather
-of 22 MB at p = 2: 0.95 Gbit/s in buckets of 128 KiB to 1 MiB, 0.55 Gbit/s in buckets of 4 MiB,
-0.49 in one bucket; docs/14-sharding.md), and the reduce-scatters run on their own thread, so a
-call no longer holds backprop up."""
+(:data:`tfops.overlap.BUCKET_BYTES`): the first bucket's ring starts early in backprop. A
+variable larger than this is a bucket of its own; the ring sends it in 256 KiB messages
+(``allreduce.partition.MESSAGE_BYTES``)."""
 
 def _shard_state_is_not_saved(store) -> None:
     """The inner optimizer's ``save_own_variables`` / ``load_own_variables``: the wrapper's write its state."""
