@@ -19,8 +19,8 @@ blocks; with uneven counts the step time is set by the largest block in
 flight). It is the second half of ring allreduce, on its own.
 
 A block goes as messages of at most ``partition.MESSAGE_BYTES`` (256 KiB), two in flight each
-way, as in ``reducescatter``. A block of zero elements is not sent at all: sender and receiver both know
-its size, so both skip it.
+way, as in ``reducescatter``. A block of zero elements is not sent at all: sender and receiver
+both know its size, so both skip it.
 """
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from allreduce.partition import chunk_sizes
+
 from ..overlap import buckets as _backprop_buckets
 
 __all__ = ["Segment", "Bucket", "Shard", "shards"]
@@ -92,10 +94,10 @@ class Shard:
 
 
 def _split(n: int, size: int, turn: int) -> tuple[int, ...]:
-    """``n`` elements over ``size`` ranks: ``n // size`` each, one more for the ``n % size`` ranks
-    from ``turn`` on (cyclically)."""
-    extra = n % size
-    return tuple(n // size + (1 if (r - turn) % size < extra else 0) for r in range(size))
+    """``n`` elements over ``size`` ranks (:func:`allreduce.partition.chunk_sizes`), the one-larger
+    pieces starting at rank ``turn`` (cyclically)."""
+    sizes = chunk_sizes(n, size)
+    return tuple(sizes[(r - turn) % size] for r in range(size))
 
 
 def shards(variables, rank: int, size: int, bucket_bytes: int | None = None) -> list[Shard]:
@@ -119,9 +121,10 @@ def shards(variables, rank: int, size: int, bucket_bytes: int | None = None) -> 
         at, piece_at = 0, {}
         for b in sorted(bks, key=lambda b: b.start):       # the slice: this rank's pieces in flat order
             piece_at[b.start], at = at, at + b.counts[rank]
+        bucket_of = {v: b for b in bks for v in b.vars}
         segments = []
         for v, n, off in zip(ids, sizes, offsets):
-            b = next(b for b in bks if v in b.vars)
+            b = bucket_of[v]
             lo, hi = b.piece(rank)
             first, last = max(off, lo), min(off + n, hi)
             if first < last:
