@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["Workspace", "ResultPool", "Pieces", "parts", "as_flat", "restore", "is_device_array", "device_allreduce"]
+__all__ = ["Workspace", "ResultPool", "aligned_empty", "Pieces", "parts", "as_flat", "restore", "is_device_array", "device_allreduce"]
 
 
 class Workspace:
@@ -75,6 +75,13 @@ def _aligned(raw: np.ndarray, nbytes: int) -> np.ndarray:
     when a caller is done with it."""
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes]
+
+
+def aligned_empty(count: int, dtype) -> np.ndarray:
+    """A new 1-D array of ``count`` elements of ``dtype`` whose data starts ``ALIGN``-byte aligned:
+    TensorFlow takes it as a tensor without a copy (``tf.numpy_function``'s results included)."""
+    dtype = np.dtype(dtype)
+    return _aligned(np.empty(count * dtype.itemsize + ALIGN, np.uint8), count * dtype.itemsize).view(dtype)
 
 
 def _unused(blocks: list, i: int) -> bool:

@@ -188,6 +188,42 @@ def test_reducescatter_generated_counts(p, data, dtype, op):
     _check_reducescatter(run_threads(p, body, timeout=TIMEOUT), inputs, counts, op)
 
 
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 6), data=st.data(), dtype=st.sampled_from(SUPPORTED_DTYPES), op=st.sampled_from(list(Op)))
+def test_reducescatter_keep_input_same_bits_input_untouched(p, data, dtype, op):
+    """keep_input (the sharded optimizer reads TF's gradients in place): the overwriting version's
+    bits, and ``buf`` unchanged."""
+    counts = data.draw(st.lists(st.integers(0, 300), min_size=p, max_size=p))
+    inputs = make_inputs(np.random.default_rng(sum(counts) + 1), p, sum(counts), dtype, op)
+    def body(t, keep):
+        buf = inputs[t.rank].copy()
+        buf.setflags(write=not keep)                       # a write into a kept input raises
+        out = np.empty(counts[t.rank], dtype)
+        reducescatter.reducescatter(t, buf, out, counts, op, workspace=Workspace(), keep_input=keep)
+        return out, buf
+    kept = run_threads(p, lambda t: body(t, True), timeout=TIMEOUT)
+    plain = run_threads(p, lambda t: body(t, False), timeout=TIMEOUT)
+    for r in range(p):
+        assert kept[r][0].tobytes() == plain[r][0].tobytes()
+        assert kept[r][1].tobytes() == inputs[r].tobytes()
+    _check_reducescatter([k[0] for k in kept], inputs, counts, op)
+
+
+def test_reducescatter_keep_input_many_messages():
+    """Segments of several 256 KiB messages: the two slots alternate message by message correctly."""
+    p, n = 3, 3 * 200_000 + 1
+    counts = partition.chunk_sizes(n, p)
+    inputs = [np.random.default_rng(r).standard_normal(n).astype(np.float32) for r in range(p)]
+    def body(t):
+        out = np.empty(counts[t.rank], np.float32)
+        buf = inputs[t.rank].copy()
+        buf.setflags(write=False)
+        reducescatter.reducescatter(t, buf, out, counts, Op.SUM, workspace=Workspace(), keep_input=True)
+        return out
+    got = np.concatenate(run_threads(p, body, timeout=TIMEOUT))
+    np.testing.assert_allclose(got, np.sum(inputs, axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
 # -- errors ------------------------------------------------------------------------------------
 def _raised(fn):
     try:

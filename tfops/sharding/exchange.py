@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -28,13 +29,22 @@ import tensorflow as tf
 import allreduce as ar
 from allreduce.algorithms.allgather import allgatherv
 from allreduce.algorithms.reducescatter import reducescatter as _ring_reducescatter
+from allreduce.buffers import aligned_empty
 from allreduce.ops import dtype_code
 
 from ..errors import MismatchError, tf_typed
 from ..ops import in_step
-from .layout import Bucket, Shard
+from .layout import Bucket, Segment, Shard
 
-__all__ = ["ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allreduce_sum", "check_same_model"]
+__all__ = ["IN_FLIGHT_BYTES", "ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allgather_flat", "allreduce_sum", "check_same_model"]
+
+
+IN_FLIGHT_BYTES = 4 << 20
+"""Stage 2: gradient bytes handed to the reduce-scatter thread and not yet reduced, at most (one
+bucket larger than this goes alone). Past it the next bucket's hand-over waits, and with it the
+backprop that only later buckets need (:func:`tfops.overlap._submit_first`): without the bound a
+ring slower than backprop kept every gradient alive until the step's end, and stage 2 held the
+full gradient as stage 1 does (BENCHMARKS.md "Sharding")."""
 
 
 class ReduceScatters:
@@ -42,17 +52,37 @@ class ReduceScatters:
 
     The ring of a bucket blocks its caller until every rank has sent its part. Run on TF's
     thread it would hold backprop up for that long (with one inter-op thread, backprop stopped
-    while the link worked); here ``submit`` packs the bucket
-    into a buffer of its own (TF may free the gradients at once) and returns, and one worker
-    thread, first in first out, runs the rings: every rank runs them in the same order.
-    ``wait`` returns every bucket's part, after all of them have finished, and raises the first
-    error any of them raised (on every rank: the check and the ring fail alike everywhere).
+    while the link worked); here ``submit`` hands the bucket over and returns, and one worker
+    thread, first in first out, runs the rings: every rank runs them in the same order. Each
+    ring writes this rank's piece straight into its place in the rank's slice (one array per
+    dtype), and ``wait`` returns the slice's segments, after every ring has finished, and raises
+    the first error any of them raised (on every rank: the check and the ring fail alike
+    everywhere). (Aligned per-segment arrays, which TF takes without its copy, were tried: they
+    peaked 128 MiB higher at 151 M parameters, -np 4; why was not found.)
+
+    What a bucket's ring reads (``submit``):
+
+    - stage 1: the bucket's range of the persistent flat gradient buffer, which it overwrites;
+    - stage 2, one variable: TF's gradient itself, read in place (``keep_input``: the ring's
+      partial sums go to two slots of a piece each), held until its ring is done, then freed;
+    - stage 2, several variables (each smaller than a bucket): packed into a buffer reused from
+      step to step (``_packs``), so glibc sees no new allocation per bucket.
+
+    Stage 2 bounds the bytes in flight (:data:`IN_FLIGHT_BYTES`).
     """
 
     _worker: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def __init__(self):
+    def __init__(self, shards: list[Shard], *, in_flight_bytes: int | None = None):
+        self._shards = shards
         self._pending: list[concurrent.futures.Future] = []
+        self._slices: dict[int, np.ndarray] = {}
+        self._limit = in_flight_bytes
+        self._in_flight = 0
+        self._room = threading.Condition()
+        self._packs: dict[int, list[np.ndarray]] = {}        # shard -> free pack buffers, each as large
+        self._pack_size = [max([b.stop - b.start for b in sh.buckets if len(b.vars) > 1], default=0)
+                           for sh in shards]                 # as its largest bucket of several variables
 
     @classmethod
     def _pool(cls) -> concurrent.futures.ThreadPoolExecutor:
@@ -60,41 +90,96 @@ class ReduceScatters:
             cls._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfops-shard-rs")
         return cls._worker
 
-    def submit(self, arrays: list[np.ndarray], shard: Shard, bucket: Bucket, buf: np.ndarray | None, *,
+    def submit(self, arrays: list[np.ndarray], k: int, b: int, buf: np.ndarray | None, *,
                first: bool = False) -> int:
-        """Lay ``arrays`` (the gradients of ``bucket.vars``, ascending) out flat in ``buf`` (``stop -
-        start`` elements; None: a new one) and queue the ring; returns the bucket's position."""
-        if buf is None:
-            buf = np.empty(bucket.stop - bucket.start, arrays[0].dtype if arrays else np.float32)
+        """Queue the ring of bucket ``b`` of shard ``k`` over ``arrays`` (the gradients of its
+        variables, ascending). ``buf``: stage 1's persistent range (overwritten); None: stage 2
+        (see the class). Returns the bucket's position in the queue."""
+        shard = self._shards[k]
+        bucket = shard.buckets[b]
+        dtype = np.dtype(shard.dtype)
+        n = bucket.stop - bucket.start
+        keep, pack = False, None
+        nbytes = n * dtype.itemsize if self._limit is not None else 0
+        self._admit(nbytes)                              # stage 2: wait for room (before taking any)
+        if buf is not None:
+            self._pack(arrays, shard, bucket, buf)
+        elif len(arrays) == 1:
+            buf, keep = np.ascontiguousarray(arrays[0], dtype).reshape(-1), True
+        else:
+            pack = self._take_pack(k)
+            buf = pack[:n]
+            self._pack(arrays, shard, bucket, buf)
+        at = shard.piece_at[b]
+        out = self._slice(k)[at:at + bucket.counts[ar.rank()]]   # the ring writes its result in place
+        hold = [buf]                                     # the ring drops it the moment it is done
+
+        def ring():
+            try:
+                reducescatter_bucket(hold.pop(), bucket, out, first=first, keep_input=keep)
+            finally:
+                if pack is not None:
+                    self._packs[k].append(pack)
+                self._release(nbytes)
+        self._pending.append(self._pool().submit(ring))
+        return len(self._pending) - 1
+
+    def wait(self, segments: list[tuple[int, Segment]]) -> list[np.ndarray]:
+        """This rank's slice of the averaged gradients as ``segments`` ((shard index, segment)
+        pairs) ask, once every submitted ring has finished."""
+        pending, self._pending = self._pending, []
+        concurrent.futures.wait(pending)
+        slices, self._slices = self._slices, {}
+        for f in pending:
+            if f.exception() is not None:
+                raise f.exception()
+        return [slices[k][s.slice_start:s.slice_start + s.size] for k, s in segments]
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _slice(self, k: int) -> np.ndarray:
+        """This step's slice of shard ``k`` (``per_rank`` elements), where the rings write."""
+        if k not in self._slices:
+            self._slices[k] = np.empty(self._shards[k].per_rank, self._shards[k].dtype)
+        return self._slices[k]
+
+    @staticmethod
+    def _pack(arrays, shard: Shard, bucket: Bucket, buf: np.ndarray) -> None:
         for v, a in zip(bucket.vars, arrays):
             k = shard.vars.index(v)
             at = shard.offsets[k] - bucket.start
             buf[at:at + shard.sizes[k]] = a.reshape(-1)
-        self._pending.append(self._pool().submit(reducescatter_bucket, buf, bucket, first=first))
-        return len(self._pending) - 1
 
-    def wait(self) -> list[np.ndarray]:
-        """Every submitted bucket's part (this rank's ``counts[rank]`` elements), in order."""
-        pending, self._pending = self._pending, []
-        concurrent.futures.wait(pending)
-        for f in pending:
-            if f.exception() is not None:
-                raise f.exception()
-        return [f.result() for f in pending]
+    def _take_pack(self, k: int) -> np.ndarray:
+        free = self._packs.setdefault(k, [])
+        return free.pop() if free else np.empty(self._pack_size[k], self._shards[k].dtype)
+
+    def _admit(self, nbytes: int) -> None:
+        with self._room:
+            while self._in_flight and self._in_flight + nbytes > self._limit:
+                self._room.wait()
+            self._in_flight += nbytes
+
+    def _release(self, nbytes: int) -> None:
+        with self._room:
+            self._in_flight -= nbytes
+            self._room.notify_all()
 
 
-def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, *, first: bool = False) -> np.ndarray:
-    """Average ``buf`` (a bucket laid out flat) over the ranks; return this rank's piece,
-    ``bucket.counts[rank]`` elements; ``buf`` is overwritten by the ring. ``first``: the step's
-    first collective, which meets the other ranks through :func:`tfops.ops.in_step`; the step's
-    later ones follow in the same order on every rank (one rendezvous a step, not one per
-    bucket: ~0.1 ms each)."""
+def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, out: np.ndarray | None = None, *, first: bool = False,
+                         keep_input: bool = False) -> np.ndarray:
+    """Average ``buf`` (a bucket laid out flat) over the ranks into ``out`` (this rank's piece,
+    ``bucket.counts[rank]`` elements; None: a new array), which it returns. ``buf`` is
+    overwritten by the ring unless ``keep_input``. ``first``: the step's first collective, which
+    meets the other ranks through :func:`tfops.ops.in_step`; the step's later ones follow in the
+    same order on every rank (one rendezvous a step, not one per bucket: ~0.1 ms each)."""
     comm = ar.communicator()
-    out = np.empty(bucket.counts[comm.rank], buf.dtype)
+    if out is None:
+        out = np.empty(bucket.counts[comm.rank], buf.dtype)
 
     def run():
         comm.check_agreement("reducescatter", count=buf.size, dtype=dtype_code(buf.dtype), op=int(ar.Average))
-        _ring_reducescatter(comm.transport, buf, out, bucket.counts, ar.Average, workspace=comm.workspace)
+        _ring_reducescatter(comm.transport, buf, out, bucket.counts, ar.Average, workspace=comm.workspace,
+                            keep_input=keep_input)
     in_step(run)() if first else run()
     return out
 
@@ -103,18 +188,21 @@ def allgather_bucket(mine: np.ndarray, shard: Shard, bucket: Bucket) -> list[np.
     """Every rank's part of ``bucket`` (``mine``: this rank's ``counts[rank]`` updated elements), laid
     end to end: the bucket's variables, flat, in ``bucket.vars`` order. One bucket at a time, so
     the whole model is never held twice."""
-    comm = ar.communicator()
-    out = np.empty(bucket.stop - bucket.start, mine.dtype)
-
-    def run():
-        comm.check_agreement("allgather", count=out.size, dtype=dtype_code(mine.dtype))
-        allgatherv(comm.transport, np.ascontiguousarray(mine), out, list(bucket.counts))
-    if comm.size == 1:
-        out[:] = mine
-    else:
-        run()                                             # in step: after the step's reduce-scatters
+    out = allgather_flat(mine, bucket.counts)
     return [out[shard.offsets[k] - bucket.start:][:shard.sizes[k]]
             for k in (shard.vars.index(v) for v in bucket.vars)]
+
+
+def allgather_flat(mine: np.ndarray, counts) -> np.ndarray:
+    """Every rank's ``counts[r]`` elements laid end to end (``mine``: this rank's), on the ring."""
+    comm = ar.communicator()
+    out = aligned_empty(sum(counts), mine.dtype)        # aligned: TF takes it as the result without a copy
+    if comm.size == 1:
+        out[:] = mine
+        return out
+    comm.check_agreement("allgather", count=out.size, dtype=dtype_code(mine.dtype))
+    allgatherv(comm.transport, np.ascontiguousarray(mine), out, list(counts))   # after the step's reduce-scatters
+    return out
 
 
 def allreduce_sum(x: tf.Tensor) -> tf.Tensor:

@@ -5,7 +5,8 @@ the same layout without talking (the variables are checked to agree first, :mod:
 
 Per dtype, the variables are laid end to end in model order. Gradients travel in *buckets*:
 runs of whole variables in backprop order (last variable first, :func:`tfops.overlap.buckets`),
-each a contiguous range ``[start, stop)`` of the flat vector. Every bucket is cut into p
+each a contiguous range ``[start, stop)`` of the flat vector; a variable larger than a bucket is
+a bucket of its own (stage 2 then reduces TF's gradient in place, with no copy). Every bucket is cut into p
 contiguous *pieces*, one per rank in rank order, whose sizes differ by at most one element;
 rank r owns piece r of every bucket. Its *slice* is its pieces laid end to end in flat order::
 
@@ -36,7 +37,7 @@ import dataclasses
 
 from allreduce.partition import chunk_sizes
 
-from ..overlap import buckets as _backprop_buckets
+from ..overlap import BUCKET_BYTES, buckets as _backprop_buckets
 
 __all__ = ["Segment", "Bucket", "Shard", "shards"]
 
@@ -112,7 +113,8 @@ def shards(variables, rank: int, size: int, bucket_bytes: int | None = None) -> 
         sizes = [int(tf.TensorShape(variables[i].shape).num_elements()) for i in ids]
         offsets = [sum(sizes[:k]) for k in range(len(sizes))]
         bks, turn = [], 0
-        for members in _backprop_buckets([_Sized(n, dtype) for n in sizes], bucket_bytes):
+        for members in _alone_if_large(_backprop_buckets([_Sized(n, dtype) for n in sizes], bucket_bytes),
+                                       sizes, tf.as_dtype(dtype).size, bucket_bytes):
             start = offsets[min(members)]                  # positions within ids, last variable first
             stop = offsets[max(members)] + sizes[max(members)]
             bks.append(Bucket(vars=tuple(ids[k] for k in sorted(members)), start=start, stop=stop,
@@ -133,6 +135,28 @@ def shards(variables, rank: int, size: int, bucket_bytes: int | None = None) -> 
         out.append(Shard(dtype=dtype, vars=tuple(ids), sizes=tuple(sizes), offsets=tuple(offsets), total=sum(sizes),
                          per_rank=at, buckets=tuple(bks), piece_at=tuple(piece_at[b.start] for b in bks),
                          segments=tuple(segments)))
+    return out
+
+
+def _alone_if_large(groups: list[list[int]], sizes: list[int], itemsize: int, bucket_bytes: int | None) -> list[list[int]]:
+    """The engine's buckets with every variable larger than a bucket taken out into one of its own
+    (the engine's bucket closes only after it passes ``bucket_bytes``, so a large tensor joins the
+    small ones before it). A bucket of one variable is reduced straight out of TF's gradient,
+    with no copy (:class:`.exchange.ReduceScatters`). Each group stays in backprop order, and
+    what is left of it is cut into runs of adjacent variables, so a bucket stays contiguous."""
+    limit = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    out: list[list[int]] = []
+    for group in groups:                                   # positions, last variable first
+        run: list[int] = []
+        for i in group:
+            if sizes[i] * itemsize > limit or (run and run[-1] != i + 1):
+                out += [run] if run else []
+                run = []
+            if sizes[i] * itemsize > limit:
+                out.append([i])
+            else:
+                run.append(i)
+        out += [run] if run else []
     return out
 
 

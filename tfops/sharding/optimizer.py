@@ -45,7 +45,7 @@ from tensorflow.python.framework import func_graph
 from ..errors import tf_typed
 from ..overlap import _submit_first
 from .checks import check_inner as _check_inner, from_tape as _from_tape
-from .exchange import ReduceScatters, allgather_bucket, check_same_model
+from .exchange import IN_FLIGHT_BYTES, ReduceScatters, allgather_bucket, check_same_model
 from . import elastic
 from .lamb import SegmentLamb
 from .layout import shards
@@ -127,6 +127,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         inner.build(self._seg_vars)
         # stage 1: one persistent flat gradient buffer (DeepSpeed's); stage 2: a buffer per bucket in flight
         self._buffers = {sh.dtype: np.zeros(sh.total, sh.dtype) for sh in self._shards} if self.stage == 1 else {}
+        self._exchange = ReduceScatters(self._shards, in_flight_bytes=IN_FLIGHT_BYTES if self.stage == 2 else None)
         self._laid_out_for, self._state_view = (rank, size), None
 
     def _build_once(self, variables) -> None:
@@ -174,32 +175,27 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
     def _reduce_scatter(self, grads) -> list:
         """Each bucket's gradients handed to the reduce-scatter thread as soon as backprop has them
         (one submit op per bucket, :func:`tfops.overlap._submit_first` in a ``tf.function``), then
-        one wait op for every bucket's part: this rank's slice of the averaged gradients."""
-        pending, groups, tokens, where = ReduceScatters(), [], [], []
-        for sh in self._shards:
-            for bk in sh.buckets:                         # backprop order: the last variables' bucket first
-                def submit(*arrays, sh=sh, bk=bk, first=not tokens):
+        one wait op for every bucket's part: this rank's slice of the averaged gradients, one
+        tensor per segment."""
+        pending, groups, tokens = self._exchange, [], []
+        for k, sh in enumerate(self._shards):
+            for b, bk in enumerate(sh.buckets):           # backprop order: the last variables' bucket first
+                def submit(*arrays, k=k, b=b, sh=sh, bk=bk, first=not tokens):
                     buf = self._buffers[sh.dtype][bk.start:bk.stop] if self.stage == 1 else None
-                    return np.int32(pending.submit(list(arrays), sh, bk, buf, first=first))
+                    return np.int32(pending.submit(list(arrays), k, b, buf, first=first))
                 xs = [tf.cast(tf.convert_to_tensor(grads[v]), sh.dtype) for v in bk.vars]
-                token = tf.numpy_function(tf_typed(submit), xs, tf.int32, stateful=True, name="tfops_shard_rs")
+                tokens.append(tf.numpy_function(tf_typed(submit), xs, tf.int32, stateful=True, name="tfops_shard_rs"))
                 groups.append(xs)
-                tokens.append(token)
-                where.append((sh, bk))
-        parts = tf.numpy_function(tf_typed(lambda *_tokens: pending.wait()), tokens,
-                                  [tf.as_dtype(sh.dtype) for sh, _ in where], stateful=True, name="tfops_shard_rs_wait")
+        where = [(next(k for k, sh in enumerate(self._shards) if s.var in sh.vars), s) for s in self._segments]
+        parts = tf.numpy_function(tf_typed(lambda *_tokens: pending.wait(where)), tokens,
+                                  [tf.as_dtype(sv.dtype) for sv in self._seg_vars], stateful=True,
+                                  name="tfops_shard_rs_wait")
         if len(tokens) > 1 and isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
             _submit_first(groups, [t.op for t in tokens])
         parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]   # (one output: TF returns it bare)
-        for (_, bk), part in zip(where, parts):
-            part.set_shape([bk.counts[ar.rank()]])
-        out: dict[int, tf.Tensor] = {}
-        for sh in self._shards:                           # the slice: this rank's pieces in flat order
-            mine = sorted(((bk.start, part) for (s, bk), part in zip(where, parts) if s is sh), key=lambda t: t[0])
-            slice_ = tf.concat([part for _, part in mine], 0)
-            for s in sh.segments:
-                out[s.var] = slice_[s.slice_start:s.slice_start + s.size]
-        return [out[s.var] for s in self._segments]
+        for s, part in zip(self._segments, parts):
+            part.set_shape([s.size])
+        return parts
 
     def _gather_into_model(self) -> None:
         for sh in self._shards:
@@ -209,6 +205,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                 part = flat_mine[at:at + bk.counts[ar.rank()]]
                 fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk)), [part],
                                           [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")
+                fulls = list(fulls) if isinstance(fulls, (list, tuple)) else [fulls]   # (one output: bare)
                 for v, full in zip(bk.vars, fulls):
                     self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape))
 
