@@ -80,12 +80,13 @@ def test_sharded_optimizer_at_2_3_and_4_ranks(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(2 * 240 + 30)     # launch_job: 240 s a launch, one retry if stuck in Open MPI
-def test_elastic_kill_reshards_and_regrows_with_nothing_lost():
+@pytest.mark.parametrize("loop", ["eager", "fit"])
+def test_elastic_kill_reshards_and_regrows_with_nothing_lost(loop):
     # rank 2 SIGKILLs itself before step 5: survivors restore the step-4 commit and re-shard for 2
     # (every slot, the dead rank's shard included, equals the commit); a replacement regrows it to 3
     from .test_elastic import launch_job
     result = launch_job(3, "", "--max-np", "3", script="sharding_elastic.py", retry_if_stuck=True,
-                        env={"SHARD_KILL": "2@5", **TF_ENV,
+                        env={"SHARD_KILL": "2@5", "SHARD_FIT": str(int(loop == "fit")), **TF_ENV,
                              # the replacement imports TensorFlow before MPI_Init returns MPI_Comm_spawn:
                              # test_elastic's 30 s bound is too short at load 20 (seen: stuck in spawn)
                              "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "150"})

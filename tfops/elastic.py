@@ -163,6 +163,8 @@ class TensorFlowKerasState(ObjectState):
         self.model.set_weights(self._saved_model)
         if hasattr(self.optimizer, "elastic_restore"):          # re-sharded at its next step
             self.optimizer.elastic_restore(self._saved_opt)
+            if getattr(self.model, "train_function", None) is not None:
+                self.model.train_function = None    # model.fit traces anew: the old trace holds the old layout
             return
         unbuilt = self.optimizer is not None and not getattr(self.optimizer, "built", True)
         if unbuilt and len(self._saved_opt) > len(self._opt_variables()):

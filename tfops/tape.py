@@ -17,6 +17,8 @@ backprop reaches it, see :mod:`tfops.hooks`.
 """
 from __future__ import annotations
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -27,6 +29,11 @@ from .ops import Average, Compression, Sum, _check_op
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
+
+
+REDUCED: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+"""The eager gradients a DistributedGradientTape returned, by ``id`` while they live: an optimizer
+that reduces the gradients itself (``ShardedOptimizer``) refuses them."""
 
 class DistributedGradientTape:
     """Wrap ``gradtape`` so :meth:`gradient` reduces the gradients across ranks.
@@ -74,6 +81,10 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         reduced = reduce_step(tf.nest.flatten(grads), flat_sources, self._settings, "tape")
+        if tf.executing_eagerly():                   # (in a tf.function the ops themselves say so)
+            for g in reduced:
+                if g is not None:
+                    REDUCED[id(g)] = g
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None):

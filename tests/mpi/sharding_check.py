@@ -191,10 +191,11 @@ def tape_step(x):
     o3.apply_gradients(zip(tape.gradient(loss, m3.trainable_variables), m3.trainable_variables))
 
 
-try:
-    tape_step(np.ones((2, 7), "f4"))
-    raise AssertionError("DistributedGradientTape's gradients did not raise")
-except ValueError as e:
-    assert "DistributedGradientTape" in str(e), str(e)
+for how, run in [("tf.function", tape_step), ("eager", tape_step.python_function)]:
+    try:
+        run(np.ones((2, 7), "f4"))
+        raise AssertionError(f"DistributedGradientTape's gradients did not raise ({how})")
+    except ValueError as e:
+        assert "DistributedGradientTape" in str(e), str(e)
 print(f"rank {me}: sharding_check OK", flush=True)
 hvd.shutdown()

@@ -4,7 +4,8 @@
 
     SHARD_KILL=2@5 allreduce-run --elastic -np 3 --max-np 3 python tests/mpi/sharding_elastic.py
 
-An eager custom loop with Adam sharded over the world, a commit every 2 steps. World rank 2
+An eager custom loop (``SHARD_FIT=1``: ``model.fit`` with ``CommitStateCallback``) with Adam
+sharded over the world, a commit every 2 steps. World rank 2
 SIGKILLs itself before step 5. The survivors restore the last commit; on reset (the world is
 now 2) they re-shard and check that the model and the whole optimizer state, gathered from the
 new shards, equal the commit, bit for bit, the dead rank's shard included (``RESHARDED-OK``).
@@ -30,6 +31,7 @@ from tfops.sharding import elastic as shard_elastic
 STEPS = 12
 who, when = os.environ.get("SHARD_KILL", "-1@0").split("@")
 KILL = (int(who), int(when))
+FIT = os.environ.get("SHARD_FIT") == "1"          # model.fit in place of the eager loop
 
 
 def gathered(opt) -> list:
@@ -59,6 +61,24 @@ def main() -> None:
 
     state.register_reset_callbacks([check_resharded])
 
+    class Kill(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if (me, state.step) == KILL:
+                print(f"KILL {me} step {state.step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_train_batch_end(self, batch, logs=None):
+            state.step += 1
+
+    @hvd.elastic.run
+    def fit(state):
+        # model.fit: the traced train function holds the layout, so a reset must make a new one
+        r, p = hvd.rank(), hvd.size()
+        xs = np.concatenate([x[s][r::p] for s in range(state.step, STEPS)])
+        ys = np.concatenate([y[s][r::p] for s in range(state.step, STEPS)])
+        model.fit(xs, ys, batch_size=len(x[0][r::p]), epochs=1, shuffle=False, verbose=0,
+                  callbacks=[Kill(), hvd.elastic.CommitStateCallback(state, batches_per_commit=2)])
+
     @hvd.elastic.run
     def train(state):
         while state.step < STEPS:
@@ -74,7 +94,11 @@ def main() -> None:
             if state.step % 2 == 0:
                 state.commit()
 
-    train(state)
+    if FIT:
+        model.compile(optimizer=opt, loss="mse", jit_compile=False)
+        fit(state)
+    else:
+        train(state)
     h = hashlib.sha256()
     for value in model.get_weights() + gathered(opt):
         h.update(np.ascontiguousarray(value).tobytes())

@@ -32,7 +32,11 @@ def check_inner(opt) -> None:
 
 
 def from_tape(g) -> bool:
-    """A gradient a tfops reduction produced (DistributedGradientTape inside a tf.function)."""
+    """A gradient a tfops reduction produced: DistributedGradientTape's, eager (it keeps them by
+    ``id``, :data:`tfops.tape.REDUCED`) or inside a tf.function (the op that made it)."""
+    from ..tape import REDUCED
+    if REDUCED.get(id(g)) is g:
+        return True
     op = getattr(g, "op", None)
     while op is not None and op.type == "Identity":
         op = op.inputs[0].op

@@ -16,8 +16,9 @@ the remembered state (:func:`reshard_if_needed`)::
 Cost per commit: the state gathered, (p-1)/p of K bytes per parameter received, and K bytes
 per parameter of host memory held until the next commit (K = 8 for Adam). A ``tf.function`` that
 applied the optimizer before the reset holds the old layout: make a new one after a reset
-(``state.register_reset_callbacks``); eager loops and ``model.fit`` with a fresh
-``make_train_function`` need nothing.
+(``state.register_reset_callbacks``); eager loops need nothing, and for ``model.fit``
+``TensorFlowKerasState``'s restore drops the model's traced train function, so the next ``fit``
+traces one for the new layout.
 """
 from __future__ import annotations
 

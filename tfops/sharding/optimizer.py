@@ -149,7 +149,8 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
             raise ValueError("build the optimizer first, or pass trainable_variables")
         variables = list(trainable_variables) if trainable_variables is not None else self._model_vars
         self._build_once(variables)
-        elastic.reshard_if_needed(self)                   # after an elastic reset: a new world, a new layout
+        with tf.init_scope():                             # eager even while model.fit traces its train function
+            elastic.reshard_if_needed(self)               # after an elastic reset: a new world, a new layout
         grads = list(grads)
         if len(grads) != len(self._model_vars) or any(v is not w for v, w in zip(variables, self._model_vars)):
             raise ValueError(f"ShardedOptimizer was built for {len(self._model_vars)} variables and is applied to "
@@ -283,8 +284,8 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
     jit_compile=False)``, or ``apply_gradients`` / ``apply`` in a custom loop (eager or in a
     ``tf.function``). It takes each rank's *local* gradients and exchanges them itself
     (reduce-scatter, then allgather of the updated weights: the bytes of one allreduce), so never
-    combine it with :class:`tfops.DistributedGradientTape`; where the tape's reduction can be seen
-    (inside a ``tf.function``) that raises ``ValueError``.
+    combine it with :class:`tfops.DistributedGradientTape`: its gradients raise ``ValueError``
+    (eager, and inside a ``tf.function``).
 
     Args:
         optimizer: a Keras 3 optimizer whose update is elementwise (SGD, Adam, AdamW, RMSprop,
