@@ -27,9 +27,12 @@ inner optimizer's own copy of this rank's slice of the weights is the 4N/p term:
     stage 2     4N weights + 4N/p gradient + 4N/p slice + KN/p (+ one bucket) = 4N + 16N/p
 
 Stage 1 reduce-scatters out of one persistent full-size flat gradient buffer (DeepSpeed's
-stage 1); stage 2 lays each bucket into one reused bucket-sized buffer, keeps only its part of
-the slice, and frees the bucket's gradients (in a ``tf.function`` TF drops them once the
-bucket's op has run). TensorFlow's own copies come on top: see BENCHMARKS.md "Sharding".
+stage 1). Stage 2 reads a large variable's gradient where TF left it (the ring's ``keep_input``)
+and packs small ones into reused buffers, keeps only its part of the slice, and lets each
+bucket's gradients go once its ring is done; at most :data:`.exchange.IN_FLIGHT_BYTES` of
+gradients wait for the link, so a ring slower than backprop holds backprop back rather than
+every gradient. TensorFlow's own copies and glibc's heaps come on top: see BENCHMARKS.md
+"Sharding".
 Stage 3 (sharded weights, gathered layer by layer) is not here; docs/14-sharding.md.
 """
 from __future__ import annotations
