@@ -8,8 +8,9 @@ P = 2, 3, 4. Each rank trains on its own seeded batches. Checks:
    and 2, 20 steps: the weights equal DistributedOptimizer's to float32 rounding and are
    bitwise identical across ranks; the gathered Adam state equals the unsharded Adam's slots.
    Buckets of 64 bytes, so every step runs several reduce-scatters with uneven counts, and
-   58 parameters, so p = 4 pads. At -np 2 Adam and Lamb inside tf.function, the others eagerly
-   (model.fit below runs the tf.function path at every size).
+   58 parameters, which p = 4 does not divide. At -np 2 Adam and Lamb inside tf.function, the
+   others eagerly (model.fit below runs the tf.function path at every size). Stage 2 here with
+   a 1-byte bound on the gradients in flight, so every hand-over waits for the ring before it.
 2. model.fit with BroadcastGlobalVariablesCallback and MetricAverageCallback (and that callback
    again once the optimizer is built: it leaves each rank's shard alone); then model.save
    and tf.train.Checkpoint write DIR/model.keras and DIR/ckpt (every rank calls save; rank 0's
@@ -17,8 +18,8 @@ P = 2, 3, 4. Each rank trains on its own seeded batches. Checks:
 3. With LOAD_FROM (the files of a run at another rank count): load both files into a sharded
    optimizer here (re-sharded) and into a plain Adam; both equal LOAD_FROM/state.npz.
 4. Bad input raises on every rank: a different model on the last rank (MismatchError before any
-   step), Adafactor / Muon / LARS (TypeError naming them), gradients of a DistributedGradientTape
-   in a tf.function (ValueError).
+   step), Adafactor / Muon / LARS (TypeError naming them), gradients of a DistributedGradientTape,
+   eager and in a tf.function (ValueError).
 Prints "rank R: sharding_check OK" at the end.
 """
 import os
@@ -34,6 +35,7 @@ import keras  # noqa: E402
 import tfops  # noqa: E402
 import tfops.keras as hvd  # noqa: E402
 from tfops.errors import MismatchError  # noqa: E402
+from tfops.sharding import exchange  # noqa: E402
 
 hvd.init()
 p, me = hvd.size(), hvd.rank()
@@ -105,6 +107,9 @@ def gathered(opt) -> list:
 
 
 # 1. every optimizer against DistributedOptimizer ------------------------------------------
+# stage 2 with a 1-byte bound on the gradients in flight: every bucket's hand-over waits for the
+# ring before it (eager, and in a tf.function, where the backprop after it waits too)
+exchange.IN_FLIGHT_BYTES, in_flight_default = 1, exchange.IN_FLIGHT_BYTES
 for k, (name, make) in enumerate(OPTIMIZERS):
     stage = 1 + k % 2
     graph = name in GRAPH
@@ -121,6 +126,8 @@ for k, (name, make) in enumerate(OPTIMIZERS):
             np.testing.assert_allclose(g, w.numpy(), rtol=2e-5, atol=1e-7, err_msg=f"rank {me}: Adam state")
     print(f"rank {me}: {name} stage {stage} {'tf.function' if graph else 'eager'}: max |sharded - "
           f"DistributedOptimizer| = {np.abs(got - want).max():.2e}", flush=True)
+
+exchange.IN_FLIGHT_BYTES = in_flight_default
 
 # 2. model.fit with the usual callbacks, then both checkpoint formats ------------------------
 m = model()

@@ -102,16 +102,20 @@ class ReduceScatters:
         keep, pack = False, None
         nbytes = n * dtype.itemsize if self._limit is not None else 0
         self._admit(nbytes)                              # stage 2: wait for room (before taking any)
-        if buf is not None:
-            self._pack(arrays, shard, bucket, buf)
-        elif len(arrays) == 1:
-            buf, keep = np.ascontiguousarray(arrays[0], dtype).reshape(-1), True
-        else:
-            pack = self._take_pack(k)
-            buf = pack[:n]
-            self._pack(arrays, shard, bucket, buf)
-        at = shard.piece_at[b]
-        out = self._slice(k)[at:at + bucket.counts[ar.rank()]]   # the ring writes its result in place
+        try:
+            if buf is not None:
+                self._pack(arrays, shard, bucket, buf)
+            elif len(arrays) == 1:
+                buf, keep = np.ascontiguousarray(arrays[0], dtype).reshape(-1), True
+            else:
+                pack = self._take_pack(k)
+                buf = pack[:n]
+                self._pack(arrays, shard, bucket, buf)
+            at = shard.piece_at[b]
+            out = self._slice(k)[at:at + bucket.counts[ar.rank()]]   # the ring writes its result in place
+        except BaseException:
+            self._release(nbytes)                        # else the next step's hand-over would wait forever
+            raise
         hold = [buf]                                     # the ring drops it the moment it is done
 
         def ring():

@@ -48,7 +48,8 @@ from tensorflow.python.framework import func_graph
 from ..errors import tf_typed
 from ..overlap import _submit_first
 from .checks import check_inner as _check_inner, from_tape as _from_tape
-from .exchange import IN_FLIGHT_BYTES, ReduceScatters, allgather_bucket, check_same_model
+from . import exchange
+from .exchange import ReduceScatters, allgather_bucket, check_same_model
 from . import elastic
 from .lamb import SegmentLamb
 from .layout import shards
@@ -130,7 +131,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         inner.build(self._seg_vars)
         # stage 1: one persistent flat gradient buffer (DeepSpeed's); stage 2: a buffer per bucket in flight
         self._buffers = {sh.dtype: np.zeros(sh.total, sh.dtype) for sh in self._shards} if self.stage == 1 else {}
-        self._exchange = ReduceScatters(self._shards, in_flight_bytes=IN_FLIGHT_BYTES if self.stage == 2 else None)
+        self._exchange = ReduceScatters(self._shards, in_flight_bytes=exchange.IN_FLIGHT_BYTES if self.stage == 2 else None)
         self._laid_out_for, self._state_view = (rank, size), None
 
     def _build_once(self, variables) -> None:
