@@ -4,6 +4,7 @@
 
     python benchmarks/hooks_section.py          # as root (namespace cluster); about 5 minutes on 2 cores
     python benchmarks/hooks_section.py --from-results      # re-render from benchmarks/results/hooks.json
+    python benchmarks/hooks_section.py --out /tmp/hooks.md --results /tmp/hooks   # a trial run: no tracked file written
 
 Steps (the cluster, prefix ``arhk``, is always taken down, also on failure):
   1. one node, 2 ranks: benchmarks/hooks_bench.py (ResNet-50's gradients through fp32, fp16,
@@ -160,11 +161,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--from-results", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="the page whose section it writes")
+    parser.add_argument("--results", default=str(RESULTS), help="where hooks.json and hooks.txt go")
     args = parser.parse_args(argv)
+    results = Path(args.results)
     if args.from_results:
-        saved = json.loads((RESULTS / "hooks.json").read_text())
+        saved = json.loads((results / "hooks.json").read_text())
         text = render(saved["log"], saved)
-        (RESULTS / "hooks.txt").write_text(text)
+        (results / "hooks.txt").write_text(text)
         write_section(text, Path(args.out))
         return 0
     if os.geteuid() != 0:
@@ -174,10 +177,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         log, measured = measure(Path(tmp))
     data.update(measured, load_after=os.getloadavg()[0], log=log)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "hooks.json").write_text(json.dumps(data, indent=1) + "\n")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "hooks.json").write_text(json.dumps(data, indent=1) + "\n")
     text = render(log, data)
-    (RESULTS / "hooks.txt").write_text(text)
+    (results / "hooks.txt").write_text(text)
     write_section(text, Path(args.out))
     print(text)
     return 0

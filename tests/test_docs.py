@@ -28,6 +28,7 @@ start-up per command); anything else runs in a shell.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -169,13 +170,41 @@ def sandbox(tmp: Path) -> Path:
     return tmp
 
 
+def _tree_state() -> str:
+    """What git sees changed in the checkout, contents included ('' outside a git checkout)."""
+    try:
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=60).stdout
+        diff = subprocess.run(["git", "diff"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return status + hashlib.sha256(diff.encode()).hexdigest()
+
+
 def check_block(lesson: Path, block: Block, cwd: Path, timeout: float = 120) -> None:
-    """Run every command of one shell block; raise AssertionError naming the first that differs."""
+    """Run every command of one shell block; raise AssertionError naming the first that differs,
+    or the first that wrote into the checkout (a lesson writes to a scratch path: issue 34)."""
     for command, expected in commands(block.body):
+        before = _tree_state()
         code, got = run(command, cwd, timeout)
+        after = _tree_state()
+        assert after == before, (f"{lesson.name}:{block.line}: `{command}` changed the checkout (git status "
+                                 f"before:\n{before.rsplit(chr(10), 1)[0]}\nafter:\n{after.rsplit(chr(10), 1)[0]})")
         assert not any("\x00" in line for line in got), f"{lesson.name}:{block.line}: `{command}` printed a NUL byte"
         assert matches(expected, got), (f"{lesson.name}:{block.line}: `{command}` printed (exit {code}):\n"
                                         + "\n".join(got))
+
+
+def test_a_block_that_writes_into_the_checkout_fails(tmp_path):
+    """The guard itself: a command that leaves a file in the checkout fails, naming it."""
+    if not _tree_state():
+        pytest.skip("not a git checkout")
+    stray = ROOT / "test_docs_guard.tmp"
+    try:
+        with pytest.raises(AssertionError, match="changed the checkout(?s:.*)test_docs_guard.tmp"):
+            check_block(Path("guard.md"), Block("console", f"$ touch {stray}\n", 1, ""), sandbox(tmp_path / "tree"))
+    finally:
+        stray.unlink(missing_ok=True)
 
 
 @pytest.fixture
