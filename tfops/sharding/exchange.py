@@ -36,15 +36,15 @@ from ..errors import MismatchError, tf_typed
 from ..ops import in_step
 from .layout import Bucket, Segment, Shard
 
-__all__ = ["IN_FLIGHT_BYTES", "ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allgather_flat", "allreduce_sum", "check_same_model"]
+__all__ = ["IN_FLIGHT_BYTES", "ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allreduce_sum", "check_same_model"]
 
 
 IN_FLIGHT_BYTES = 4 << 20
 """Stage 2: gradient bytes handed to the reduce-scatter thread and not yet reduced, at most (one
 bucket larger than this goes alone). Past it the next bucket's hand-over waits, and with it the
 backprop that only later buckets need (:func:`tfops.overlap._submit_first`): without the bound a
-ring slower than backprop kept every gradient alive until the step's end, and stage 2 held the
-full gradient as stage 1 does (BENCHMARKS.md "Sharding")."""
+ring slower than backprop could keep every gradient waiting until the step's end, as much as
+stage 1 holds (BENCHMARKS.md "Sharding")."""
 
 
 class ReduceScatters:
@@ -169,16 +169,14 @@ class ReduceScatters:
             self._room.notify_all()
 
 
-def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, out: np.ndarray | None = None, *, first: bool = False,
+def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, out: np.ndarray, *, first: bool = False,
                          keep_input: bool = False) -> np.ndarray:
     """Average ``buf`` (a bucket laid out flat) over the ranks into ``out`` (this rank's piece,
-    ``bucket.counts[rank]`` elements; None: a new array), which it returns. ``buf`` is
+    ``bucket.counts[rank]`` elements), which it returns. ``buf`` is
     overwritten by the ring unless ``keep_input``. ``first``: the step's first collective, which
     meets the other ranks through :func:`tfops.ops.in_step`; the step's later ones follow in the
     same order on every rank (one rendezvous a step, not one per bucket: ~0.1 ms each)."""
     comm = ar.communicator()
-    if out is None:
-        out = np.empty(bucket.counts[comm.rank], buf.dtype)
 
     def run():
         comm.check_agreement("reducescatter", count=buf.size, dtype=dtype_code(buf.dtype), op=int(ar.Average))
@@ -192,21 +190,15 @@ def allgather_bucket(mine: np.ndarray, shard: Shard, bucket: Bucket) -> list[np.
     """Every rank's part of ``bucket`` (``mine``: this rank's ``counts[rank]`` updated elements), laid
     end to end: the bucket's variables, flat, in ``bucket.vars`` order. One bucket at a time, so
     the whole model is never held twice."""
-    out = allgather_flat(mine, bucket.counts)
-    return [out[shard.offsets[k] - bucket.start:][:shard.sizes[k]]
-            for k in (shard.vars.index(v) for v in bucket.vars)]
-
-
-def allgather_flat(mine: np.ndarray, counts) -> np.ndarray:
-    """Every rank's ``counts[r]`` elements laid end to end (``mine``: this rank's), on the ring."""
     comm = ar.communicator()
-    out = aligned_empty(sum(counts), mine.dtype)        # aligned: TF takes it as the result without a copy
+    out = aligned_empty(bucket.stop - bucket.start, mine.dtype)   # aligned: TF takes it without a copy
     if comm.size == 1:
         out[:] = mine
-        return out
-    comm.check_agreement("allgather", count=out.size, dtype=dtype_code(mine.dtype))
-    allgatherv(comm.transport, np.ascontiguousarray(mine), out, list(counts))   # after the step's reduce-scatters
-    return out
+    else:                                                 # in step: after the step's reduce-scatters
+        comm.check_agreement("allgather", count=out.size, dtype=dtype_code(mine.dtype))
+        allgatherv(comm.transport, np.ascontiguousarray(mine), out, list(bucket.counts))
+    return [out[shard.offsets[k] - bucket.start:][:shard.sizes[k]]
+            for k in (shard.vars.index(v) for v in bucket.vars)]
 
 
 def allreduce_sum(x: tf.Tensor) -> tf.Tensor:

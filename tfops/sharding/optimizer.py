@@ -64,6 +64,11 @@ BUCKET_BYTES = 1 << 20
 variable larger than this is a bucket of its own; the ring sends it in 256 KiB messages
 (``allreduce.partition.MESSAGE_BYTES``)."""
 
+def _listed(outputs) -> list:
+    """``tf.numpy_function``'s outputs as a list (with one output, TF returns it bare)."""
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
 def _shard_state_is_not_saved(store) -> None:
     """The inner optimizer's ``save_own_variables`` / ``load_own_variables``: the wrapper's write its state."""
 
@@ -197,7 +202,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                                   name="tfops_shard_rs_wait")
         if len(tokens) > 1 and isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
             _submit_first(groups, [t.op for t in tokens])
-        parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]   # (one output: TF returns it bare)
+        parts = _listed(parts)
         for s, part in zip(self._segments, parts):
             part.set_shape([s.size])
         return parts
@@ -210,8 +215,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                 part = flat_mine[at:at + bk.counts[ar.rank()]]
                 fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk)), [part],
                                           [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")
-                fulls = list(fulls) if isinstance(fulls, (list, tuple)) else [fulls]   # (one output: bare)
-                for v, full in zip(bk.vars, fulls):
+                for v, full in zip(bk.vars, _listed(fulls)):
                     self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape))
 
     # -- checkpoints: the whole state, gathered (.state) ------------------------------------
