@@ -7,6 +7,7 @@ Examples::
     allreduce-explain ring --collective allgather --ranks 3 --count 3
     python -m allreduce.explain binomial --collective broadcast --ranks 4 --count 2
     allreduce-explain powersgd --ranks 2 --rows 4 --cols 3 --rank 1     (explain/powersgd.py)
+    allreduce-explain pipeline --stages 4 --micro-batches 8 --schedule 1f1b   (explain/pipeline.py)
 """
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "powersgd":                 # a comm hook, not a collective: its own printout
         from .powersgd import main as powersgd
         return powersgd(argv[1:])
+    if argv and argv[0] == "pipeline":                 # a schedule, not a collective: its own grid
+        from .pipeline import main as pipeline
+        return pipeline(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     allowed = COLLECTIVES[args.collective]
