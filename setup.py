@@ -28,5 +28,6 @@ setup(
         "allreduce-run=allreduce.run:main",
         "allreduce-explain=allreduce.explain.__main__:main",
         "allreduce-cluster=allreduce.cluster.cli:main",
+        "allreduce-plan=allreduce.plan.cli:main",
     ]},
 )

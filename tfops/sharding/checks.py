@@ -34,7 +34,7 @@ def check_inner(opt) -> None:
 def from_tape(g) -> bool:
     """A gradient a tfops reduction produced: DistributedGradientTape's, eager (it keeps them by
     ``id``, :data:`tfops.tape.REDUCED`) or inside a tf.function (the op that made it)."""
-    from ..tape import REDUCED
+    from ..training.tape import REDUCED
     if REDUCED.get(id(g)) is g:
         return True
     op = getattr(g, "op", None)

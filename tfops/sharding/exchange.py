@@ -33,7 +33,7 @@ from allreduce.buffers import aligned_empty
 from allreduce.ops import dtype_code
 
 from ..errors import MismatchError, tf_typed
-from ..ops import in_step
+from ..collectives.dispatch import in_step
 from .layout import Bucket, Segment, Shard
 
 __all__ = ["IN_FLIGHT_BYTES", "ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allreduce_sum", "check_same_model"]

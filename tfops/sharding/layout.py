@@ -37,7 +37,7 @@ import dataclasses
 
 from allreduce.partition import chunk_sizes
 
-from ..overlap import BUCKET_BYTES, buckets as _backprop_buckets
+from ..training.overlap import BUCKET_BYTES, buckets as _backprop_buckets
 
 __all__ = ["Segment", "Bucket", "Shard", "shards"]
 

@@ -46,7 +46,7 @@ from keras.src.utils import tracking
 from tensorflow.python.framework import func_graph
 
 from ..errors import tf_typed
-from ..overlap import _submit_first
+from ..training.overlap import _submit_first
 from .checks import check_inner as _check_inner, from_tape as _from_tape
 from . import exchange
 from .exchange import ReduceScatters, allgather_bucket, check_same_model

@@ -26,7 +26,7 @@ from tensorflow.python.trackable import base as _trackable
 import allreduce as ar
 from allreduce.algorithms.allgather import allgatherv
 
-from ..ops import in_step
+from ..collectives.dispatch import in_step
 
 __all__ = ["GatheredState"]
 

@@ -1,0 +1,156 @@
+"""Seconds per training step for one layout: compute, the pipeline's bubble, and the messages.
+
+    T = F / (d t p) / R x (1 + (p - 1) / (v m))        compute, stretched by the bubble
+      + T_dp                                           the data group's gradient exchange
+      + n_tp x L/p x m x T_allreduce(s b h e, t)       tensor parallelism's per-layer allreduces
+      + 2 m x T_send(s b h e)                          pipeline sends, forward and back
+
+* F, the step's flops: 3 forward passes' worth (forward, and backward at twice it;
+  Narayanan et al. 2021, eq. 3), plus a fourth forward of the layers under full recompute, or
+  the attention core's QK^T and AV again under selective recompute. R is the rate one device
+  reaches (flops a second), an input: measure it or take a fraction of the datasheet's.
+* The bubble (p - 1) / (v m) of 1F1B with v interleaved chunks and m micro-batches.
+* T_dp: an allreduce of the stage's gradient bytes over d ranks once a step at ZeRO 0-1 (stage
+  1 sends a reduce-scatter and an allgather: the same bytes). Sharded gradients cannot wait
+  for the last micro-batch, so stage 2 reduce-scatters every micro-batch ((m + 1) / 2
+  allreduces with the allgather) and stage 3 also gathers the weights for every forward and
+  backward (1.5 m).
+* n_tp: 2 allreduces per layer forward and 2 backward (Megatron's f and g), 2 more under full
+  recompute. Sequence parallelism swaps each for an allgather and a reduce-scatter: the same bytes.
+
+No overlap is assumed: each term is paid in full, an upper bound on a step.
+
+The collectives are priced by the project's own cost model, not a second one: on this machine
+(no links given) an allreduce costs what :func:`allreduce.algorithms.select.ranked` predicts
+for its fastest candidate (the measured table where it has the world size, else the fitted
+alpha-beta-gamma lines), a send the ring's alpha + n beta. With links given
+(``network.parse_link``: "300gbit,5us"), an allreduce is the ring's terms (``select.terms``)
+over the slowest link its group crosses, as ``network.cross_terms`` counts the bytes through
+a host's link. Rank order is Megatron's: tensor fastest, then data, then pipeline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..algorithms import network, select
+from .memory import Layout
+from .model import Params, Precision, Transformer
+
+__all__ = ["Machine", "StepTime", "step_time", "allreduce_seconds", "send_seconds", "bubble"]
+
+#: the candidates ``auto`` weighs on one node (``Communicator.auto_candidates``)
+LOCAL_CANDIDATES = ("ring", "tree", "rhd", "rd", "mpi", "shm")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The devices: ``flops`` a second each, ``per_node`` to a node, and the links between them.
+
+    ``intra`` / ``inter``: :class:`allreduce.algorithms.network.Link` inside a node and between
+    nodes; None prices every collective by this machine's measured cost model (one node)."""
+
+    flops: float = 0.0
+    memory: float = float("inf")
+    per_node: int = 1 << 30
+    intra: network.Link | None = None
+    inter: network.Link | None = None
+
+
+@dataclass
+class StepTime:
+    compute: float = 0.0
+    bubble: float = 0.0              #: fraction of compute added: (p - 1) / (v m)
+    data: float = 0.0
+    tensor: float = 0.0
+    pipeline: float = 0.0
+    lines: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> float:
+        return self.compute * (1 + self.bubble) + self.data + self.tensor + self.pipeline
+
+
+def bubble(layout: Layout) -> float:
+    return (layout.pipeline - 1) / (layout.chunks * layout.microbatches)
+
+
+def allreduce_seconds(nbytes: float, group: int, machine: Machine, *, nodes: int = 1) -> float:
+    """One allreduce of ``nbytes`` over ``group`` ranks on ``nodes`` nodes (the module docstring)."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    if machine.intra is None:
+        return select.ranked(int(nbytes), group, candidates=LOCAL_CANDIDATES)[0][1]
+    if nodes > 1 and machine.inter is not None:
+        a, b = network.cross_terms("ring", group, nodes)
+        return a * machine.inter.alpha + b * nbytes * machine.inter.beta
+    a, b, _ = select.terms("ring", group)
+    return a * machine.intra.alpha + b * nbytes * machine.intra.beta
+
+
+def send_seconds(nbytes: float, machine: Machine, *, spans_nodes: bool = False) -> float:
+    """One message of ``nbytes`` between two ranks."""
+    link = machine.inter if spans_nodes and machine.inter is not None else machine.intra
+    if link is None:
+        c = select.constants()["ring"]
+        return c["alpha"] + nbytes * c["beta"]
+    return link.alpha + nbytes * link.beta
+
+
+def _dp_allreduces(zero: int, m: int) -> tuple[float, str]:
+    """Allreduces' worth of the data group's traffic per step, and why (a reduce-scatter or an
+    allgather is half an allreduce's bytes). Sharded gradients cannot be accumulated unreduced, so
+    stages 2 and 3 reduce-scatter every micro-batch, as DeepSpeed does; stage 3 also gathers the
+    weights for every micro-batch's forward and backward."""
+    if zero <= 1:
+        return 1.0, "once a step: gradients accumulate over the micro-batches first"
+    if zero == 2:
+        return (m + 1) / 2, f"a reduce-scatter per micro-batch x {m} + one allgather of the weights"
+    return 1.5 * m, f"per micro-batch x {m}: gather weights twice, reduce-scatter the gradients"
+
+
+def step_flops(model: Transformer, layout: Layout, global_batch: int) -> float:
+    """Flops of one step over ``global_batch`` sequences, all devices together."""
+    fwd = model.forward_flops(global_batch)
+    total = 3 * fwd
+    if layout.recompute == "full":
+        total += fwd - 2 * global_batch * model.seq * model.hidden * model.vocab     # the layers again
+    elif layout.recompute == "selective":
+        total += model.layers * model.attention_core_flops(global_batch)
+    return total
+
+
+def step_time(model: Params | Transformer, layout: Layout, precision: Precision, machine: Machine, *,
+              stage_params: float) -> StepTime:
+    """Seconds of one step; ``stage_params``: parameters the fullest stage owns (before ZeRO)."""
+    t, p, d, m = layout.tensor, layout.pipeline, layout.data, layout.microbatches
+    out, lines = StepTime(bubble=bubble(layout)), []
+    grad_bytes = stage_params * precision.grad
+    dp_nodes = -(-d // max(1, machine.per_node // t))       # a data group's ranks are t apart
+    ar = allreduce_seconds(grad_bytes, d, machine, nodes=dp_nodes)
+    times, why = _dp_allreduces(layout.zero, m)
+    out.data = ar * times
+    lines.append(f"data: allreduce of {grad_bytes:.4g} B over d {d}{f' on {dp_nodes} nodes' if dp_nodes > 1 else ''} = "
+                 f"{ar * 1e3:.4g} ms, x {times:g} ({why}) = {out.data * 1e3:.4g} ms")
+    if isinstance(model, Transformer):
+        global_batch = d * m * layout.micro_batch
+        flops = step_flops(model, layout, global_batch)
+        per_device = flops / (d * t * p)
+        out.compute = per_device / machine.flops if machine.flops > 0 else 0.0
+        lines.append(f"compute: {flops:.4g} flops for a global batch of {global_batch} / {d * t * p} devices / "
+                     f"{machine.flops:.4g} flop/s = {out.compute * 1e3:.4g} ms, x (1 + bubble {out.bubble:.3g})")
+        act = model.seq * layout.micro_batch * model.hidden * precision.activation
+        n_tp = 6 if layout.recompute == "full" else 4
+        layers = -(-model.layers // p)
+        tp_one = allreduce_seconds(act, t, machine, nodes=-(-t // machine.per_node))
+        out.tensor = n_tp * layers * m * tp_one
+        if t > 1:
+            lines.append(f"tensor: {n_tp} allreduces x {layers} layers x {m} micro-batches x "
+                         f"{tp_one * 1e3:.4g} ms ({act:.4g} B over t {t}) = {out.tensor * 1e3:.4g} ms")
+        if p > 1:
+            one = send_seconds(act, machine, spans_nodes=t * d >= machine.per_node)
+            out.pipeline = 2 * m * one
+            lines.append(f"pipeline: 2 x {m} micro-batches x {one * 1e3:.4g} ms a send of {act:.4g} B = "
+                         f"{out.pipeline * 1e3:.4g} ms")
+    lines.append(f"step: {out.total * 1e3:.4g} ms")
+    out.lines = tuple(lines)
+    return out
