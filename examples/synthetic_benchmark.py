@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression of the gradients")
     parser.add_argument("--num-groups", type=int, default=0,
                         help="--mode tape: reduce in this many grouped calls after backprop (Horovod's num_groups; "
-                             "1: one call). Default 0: buckets submitted as backprop produces them (tfops.overlap)")
+                             "1: one call). Default 0: buckets submitted as backprop produces them (tfops.training.overlap)")
     parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--width", type=int, default=16, help="channels of the first conv layer")

@@ -12,23 +12,23 @@ Covered names (same names and argument names as Horovod):
 ``tfops``
     init, shutdown, is_initialized, size, rank, local_rank, local_size,
     Sum, Average, Min, Max, Product, Compression (none, fp16, bf16; compress/decompress take
-    tf tensors as well as the engine's numpy arrays: tfops.compression),
+    tf tensors as well as the engine's numpy arrays: tfops.collectives.compression),
     allreduce(tensor, average=None, device_dense='', device_sparse='', compression=Compression.none,
     op=None, prescale_factor=1.0, postscale_factor=1.0, name=None), grouped_allreduce(tensors, ...the
     same; any op; tf.IndexedSlices allgathered), allgather(tensor, name=None),
-    broadcast(tensor, root_rank, name=None) (both with Horovod's averaged gradients: tfops.gather),
+    broadcast(tensor, root_rank, name=None) (both with Horovod's averaged gradients: tfops.collectives.gather),
     broadcast_variables(variables, root_rank), broadcast_(variables, root_rank),
     broadcast_global_variables(root_rank), broadcast_object(obj, root_rank=0),
     broadcast_object_fn(root_rank=0), allgather_object(obj), start_timeline(file_path,
     mark_cycles=False), stop_timeline(), size_op(), rank_op(), local_size_op(), local_rank_op(),
-    the capability queries (mpi_built ... is_homogeneous: tfops.queries), cross_size(), cross_rank(),
+    the capability queries (mpi_built ... is_homogeneous: tfops.collectives.queries), cross_size(), cross_rank(),
     MismatchError (also a tf.errors.FailedPreconditionError: tfops.errors). Dtypes: Horovod's ten (uint8 ... bool) and
     bfloat16.
     DistributedGradientTape(gradtape, compression=..., sparse_as_dense=False, op=Average),
     DistributedOptimizer(optimizer, name=None, compression=..., sparse_as_dense=False, op=Average,
     backward_passes_per_step=1, average_aggregated_gradients=False).
     Beyond Horovod: GradientHooks(model, op=Average, compression=..., sparse_as_dense=False)
-    (each gradient's allreduce starts while backprop goes on: tfops.hooks), the
+    (each gradient's allreduce starts while backprop goes on: tfops.training.hooks), the
     DistributedOptimizer argument hooks=GradientHooks(model) (the same in model.fit), and
     XlaNotSupportedError.
 
@@ -40,24 +40,24 @@ Covered names (same names and argument names as Horovod):
 
 Also: alltoall(tensor, splits=None, name=None) -> rows, or (rows, received_splits) given
 splits; reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0);
-grouped_allgather(tensors); grouped_reducescatter(tensors, op=Average, ...) (tfops.collectives);
+grouped_allgather(tensors); grouped_reducescatter(tensors, op=Average, ...) (tfops.collectives.scatter);
 ProcessSet(ranks), add_process_set, remove_process_set, global_process_set,
 process_set_included_op, init(process_sets=...), and process_set= on every collective
-(tfops.process_sets).
+(tfops.collectives.process_sets).
 
 optimizers.LARS (layer-wise adaptive rate scaling, not in Horovod: tfops.optimizers.lars).
 PowerSGD, OneBit, CommHook (the engine's communication hooks, not in Horovod: ``comm_hook=`` on
 DistributedOptimizer, DistributedGradientTape and GradientHooks; docs/13-sending-fewer-bytes.md).
 
-join() (for uneven data: tfops.ops.join, allreduce.join) and op=Adasum on allreduce,
+join() (for uneven data: tfops.collectives.ops.join, allreduce.join) and op=Adasum on allreduce,
 grouped_allreduce, DistributedGradientTape and DistributedOptimizer (allreduce/algorithms/adasum.py).
 
 Not covered: tf.compat.v1 optimizers; ``momentum_correction`` (accepted, ignored). TF1 graphs run
-the ops in creation order on every rank (tfops.graph_order); errors there are ``UnknownError``.
+the ops in creation order on every rank (tfops.collectives.graph_order); errors there are ``UnknownError``.
 
 Every op works eagerly, inside ``tf.function`` and inside ``model.fit`` (a
 ``tf.numpy_function`` into the engine, with a registered gradient; see
-:mod:`tfops.ops`). XLA (``jit_compile=True``) cannot call back into Python:
+:mod:`tfops.collectives.ops`). XLA (``jit_compile=True``) cannot call back into Python:
 the ops raise :class:`XlaNotSupportedError` when traced there, and the
 Keras callbacks turn ``model.jit_compile`` off with a warning.
 """
@@ -66,25 +66,27 @@ from __future__ import annotations
 import allreduce as _ar
 from allreduce import CommHook, OneBit, PowerSGD   # comm_hook=: the engine's hooks, not in Horovod (issue 32)
 
-from .hooks import GradientHooks
-from .ops import (Adasum, Average, Compression, Max, Min, Product, Sum, XlaNotSupportedError, allgather,
-                  allgather_object, allreduce, broadcast, broadcast_object, broadcast_variables, grouped_allreduce,
-                  join)
-from .gather import broadcast_, broadcast_global_variables, broadcast_object_fn
+# tfops.collectives: the collectives on tensors, and the one way down to the engine (dispatch)
+from .collectives.ops import (Adasum, Average, Compression, Max, Min, Product, Sum, XlaNotSupportedError, allreduce,
+                              grouped_allreduce, join)
+from .collectives.gather import (allgather, allgather_object, broadcast, broadcast_, broadcast_global_variables,
+                                 broadcast_object, broadcast_object_fn, broadcast_variables)
+from .collectives.scatter import alltoall, grouped_allgather, grouped_reducescatter, reducescatter
+from .collectives.process_sets import (NotInProcessSetError, ProcessSet, add_process_set, global_process_set,
+                                       process_set_included_op, remove_process_set, with_process_set)
+from .collectives import process_sets as _sets
+from .collectives import queries as _queries
+from .collectives.queries import (_executing_eagerly, ccl_built, cross_rank, cross_size, cuda_built,  # noqa: F401
+                                  ddl_built, gloo_built, gloo_enabled, is_homogeneous, local_rank_op, local_size_op,
+                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank_op, rocm_built,
+                                  size_op, sycl_built)   # _executing_eagerly: Horovod re-exports it; its tests call it
 from .errors import MismatchError
-from .util import _executing_eagerly  # noqa: F401  (Horovod re-exports it; its scripts and tests call it)
-from . import queries as _queries
-from .queries import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-                      is_homogeneous, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported,
-                      nccl_built, rank_op, rocm_built, size_op, sycl_built)
-from .optimizer import DistributedOptimizer
+# tfops.training: what training does with them
+from .training.hooks import GradientHooks
+from .training.optimizer import DistributedOptimizer
+from .training.tape import DistributedGradientTape, PartialDistributedGradientTape
+from .training.sync_batch_norm import SyncBatchNormalization
 from .sharding import ShardedOptimizer   # not in Horovod: ZeRO stage 1 and 2 (issue 33)
-from .tape import DistributedGradientTape, PartialDistributedGradientTape
-from .sync_batch_norm import SyncBatchNormalization
-from .collectives import alltoall, grouped_allgather, grouped_reducescatter, reducescatter
-from .process_sets import (NotInProcessSetError, ProcessSet, add_process_set, global_process_set,
-                           process_set_included_op, remove_process_set, with_process_set)
-from . import process_sets as _sets
 from . import elastic   # hvd.elastic: run, TensorFlowKerasState, TensorFlowState (issue 25)
 from . import optimizers   # not in Horovod: LARS for large batches (Keras 3 has Lamb, not LARS; issue 34)
 

@@ -55,7 +55,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", default="6,2,9,1", help="element counts of the variables, in model order")
     parser.add_argument("-p", type=int, default=4, help="ranks (without --run)")
     parser.add_argument("--bucket-bytes", type=int, default=None,
-                        help="bytes per bucket (default tfops.overlap's); small values show several buckets")
+                        help="bytes per bucket (default tfops.training.overlap's); small values show several buckets")
     parser.add_argument("--run", action="store_true", help="measure a real ShardedOptimizer (under allreduce-run)")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]

@@ -17,7 +17,7 @@ Every picture comes from something the project computes or recorded:
 * ``timeline-hooks.png``, ``timeline-tape.png``: the overlap of backprop and
   allreduce, drawn from the timelines in docs/examples (lesson 9);
 * ``lr-warmup.png``: the learning rate ``LearningRateWarmupCallback`` sets per
-  batch (``tfops.lr_schedule.warmup_multiplier``), after Goyal et al. (2017).
+  batch (``tfops.training.lr_schedule.warmup_multiplier``), after Goyal et al. (2017).
 * ``large-batch.png``: lesson 15's lab, test accuracy against global batch per
   method, from its recorded run (``allreduce-run -np 2 python examples/large_batch.py
   --quick --json docs/examples/large_batch.json``).
@@ -145,7 +145,7 @@ def timeline(name: str):
 
 def lr_warmup(out: Path) -> None:
     """The rate the warmup callback sets at every batch: initial_lr/p to initial_lr over 5 epochs."""
-    from tfops.lr_schedule import warmup_multiplier
+    from tfops.training.lr_schedule import warmup_multiplier
     steps, epochs, lr = 50, 8, 0.8
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for p in (1, 4, 8, 32):

@@ -11,7 +11,7 @@ with the plain allreduce (no hook), in the same process. Checks, in order:
    with ``DistributedGradientTape(comm_hook=OneBit())``, eagerly with PowerSGD(rank=1), and
    with ``GradientHooks(comm_hook=...)``: the weights are bitwise identical across ranks, differ
    from the plain run's (the hook ran, and compresses) and stay finite;
-3. inside ``tf.function`` with buckets of 256 bytes (tfops.overlap): several submits per step,
+3. inside ``tf.function`` with buckets of 256 bytes (tfops.training.overlap): several submits per step,
    the hook runs on every gradient exactly once per step (a recording hook wraps PowerSGD);
 4. ``--digits``: examples/keras_digits.py trains to within 1.5 points of the uncompressed test
    accuracy with PowerSGD rank 2 and with OneBit (same steps and seeds).
@@ -33,7 +33,7 @@ import keras  # noqa: E402
 import allreduce as ar  # noqa: E402
 import tfops  # noqa: E402
 import tfops.keras as hvd  # noqa: E402
-from tfops import overlap  # noqa: E402
+from tfops.training import overlap  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import keras_digits  # noqa: E402

@@ -277,7 +277,7 @@ for inner_only in (True, False):
         source.save(saved)
     tfops.broadcast_object(None)                            # barrier: the file is written
     loaded = hvd.load_model(saved)
-    assert isinstance(loaded.optimizer, tfops.optimizer.DistributedOptimizerWrapper), type(loaded.optimizer)
+    assert isinstance(loaded.optimizer, tfops.training.optimizer.DistributedOptimizerWrapper), type(loaded.optimizer)
     assert int(loaded.optimizer.iterations.numpy()) == 2, loaded.optimizer.iterations
     loaded.fit(X[me], X[me].sum(1, keepdims=True), batch_size=3, verbose=0)
     same_everywhere(loaded.get_weights(), "load_model, then fit")

@@ -169,7 +169,7 @@ for h, r, g in zip(hooked, raw, plain):
         assert h is r, "one rank: the hooks must return the tape's own gradients"
 assert not hooks._handles, hooks._handles
 
-# The eager fast path (tfops/eager.py: no numpy_function, results kept without a copy): one group
+# The eager fast path (tfops/collectives/eager.py: no numpy_function, results kept without a copy): one group
 # of mixed dtypes and shapes (float32 1-D: one tf.split; float64 2-D and an int32 scalar: a tensor
 # per array), 0 elements and a 1.2 MB array (the engine's pooled result memory), against float64
 # numpy, bitwise equal on every rank; earlier results and the inputs unchanged by later calls.

@@ -65,7 +65,7 @@ def check_queries(p, me):
     every = tfops.allgather_object(ar.local_rank())
     assert hvd.cross_size() == every.count(ar.local_rank()) and hvd.cross_rank() == every[:me].count(ar.local_rank())
     assert tfops.cross_size() * ar.local_size() == p or not hvd.is_homogeneous()
-    from tfops.queries import _cross                # 3 ranks on 2 nodes: (local_size, local_rank) per rank
+    from tfops.collectives.queries import _cross                # 3 ranks on 2 nodes: (local_size, local_rank) per rank
     assert [_cross([(2, 0), (2, 1), (1, 0)], r) for r in range(3)] == [(0, 2), (0, 1), (1, 2)]
 
 
@@ -268,7 +268,7 @@ def check_errors(p, me):
 
 def check_tf1_graph(p, me):
     """A TF1 graph (tf.compat.v1 Session, one inter-op thread): several collectives in one run,
-    fetched in another order on odd ranks, run in creation order everywhere (tfops.graph_order);
+    fetched in another order on odd ranks, run in creation order everywhere (tfops.collectives.graph_order);
     broadcast's gradient runs its allreduce on the non-root ranks too (TF would prune it)."""
     g = tf.Graph()
     with g.as_default():
@@ -293,7 +293,7 @@ def check_out_of_step(p, me):
                               "out of step")
     assert "out of step" in str(error) and "'oos.0' submitted by rank(s) 0" in str(error), str(error)
     # rank 0 went on to a direct-path collective (allgather), the others to an engine allreduce:
-    # the direct call's rendezvous (tfops.ops.in_step) shows the engine who waits for what
+    # the direct call's rendezvous (tfops.collectives.ops.in_step) shows the engine who waits for what
     # (integer tensors: a float one takes an auto-name for its gradient, a counter that the rank
     # which went on would leave ahead of the others for good, as Horovod's auto-names would)
     start = time.monotonic()

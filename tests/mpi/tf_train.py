@@ -11,7 +11,7 @@ batch, locally. Checks, in order:
 2. DistributedGradientTape, GradientHooks (both in tf.function), DistributedOptimizer.apply
    (eager; also Adam) and model.fit with DistributedOptimizer(hooks=...): each matches the
    reference, and the paths agree with each other. The tape also with a bucket per gradient
-   (tfops.overlap: the graph has the submits' control edges) and with num_groups=1.
+   (tfops.training.overlap: the graph has the submits' control edges) and with num_groups=1.
 3. Sparse embedding gradients, allgathered and with sparse_as_dense=True.
 4. backward_passes_per_step=2 with averaged aggregation = one step on both micro-batches.
 5. examples/keras_digits.py reaches the single-process test accuracy within 1 point.
@@ -130,7 +130,7 @@ def tape_step(xb, yb):
     tape_opt.apply(grads, tape_model.trainable_variables)
 
 
-# The same tape with every gradient its own bucket (tfops.overlap), and with one grouped call after
+# The same tape with every gradient its own bucket (tfops.training.overlap), and with one grouped call after
 # backprop (num_groups=1): the buckets' submits must come first in the graph's order.
 bucket_model, bucket_opt = mlp(0), keras.optimizers.SGD(0.2)
 one_model, one_opt = mlp(0), keras.optimizers.SGD(0.2)
@@ -152,7 +152,7 @@ def one_call_step(xb, yb):
     one_opt.apply(grads, one_model.trainable_variables)
 
 
-from tfops import overlap  # noqa: E402
+from tfops.training import overlap  # noqa: E402
 shapes = [tf.TensorSpec(s, tf.float32) for s in ((300,), (5,), (200, 2), (7,))]
 assert overlap.buckets(shapes, 1000) == [[3, 2], [1, 0]], overlap.buckets(shapes, 1000)   # last first, 1000 B
 assert overlap.buckets(shapes, 1) == [[3], [2], [1], [0]] and overlap.buckets(shapes[:0], 1) == []

@@ -23,20 +23,26 @@ import tensorflow as tf
 import allreduce as ar
 from allreduce.errors import MismatchError
 
-from .ops import Average, _name, _numpy_call, _plain_python, allreduce, in_step
+from .compression import check_compression
+from .dispatch import Average, allreduce_differentiable, auto_name, check_op, in_step, numpy_call, plain_python
 
 __all__ = ["allgather", "broadcast", "broadcast_", "broadcast_variables", "broadcast_global_variables",
            "broadcast_object", "broadcast_object_fn", "allgather_object"]
 
 
+def _mean(dy, name: str) -> tf.Tensor:
+    """The ranks' mean of ``dy`` (both gradients below; differentiable, as ``tfops.allreduce`` is)."""
+    return allreduce_differentiable(tf.convert_to_tensor(dy), check_op(Average), check_compression(None), name)
+
+
 # --------------------------------------------------------------------------- allgather
 def _allgather_raw(x: tf.Tensor) -> tf.Tensor:
-    y = _numpy_call("allgather", in_step(ar.allgather), [x], [x.dtype])[0]
+    y = numpy_call("allgather", in_step(ar.allgather), [x], [x.dtype])[0]
     y.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
     return y
 
 
-@_plain_python
+@plain_python
 def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False):
     """Concatenate every rank's ``tensor`` along axis 0 (``hvd.allgather``); rows may differ by rank.
 
@@ -50,14 +56,14 @@ def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False):
         x = tf.reshape(x, [1])
     if not x.dtype.is_floating:
         return _allgather_raw(x)
-    name = _name("allgather", name)
+    name = auto_name("allgather", name)
 
     @tf.custom_gradient
     def forward(x):
         y = _allgather_raw(x)
 
         def grad(dy):
-            mean = allreduce(tf.convert_to_tensor(dy), op=Average, name=name + ".grad")
+            mean = _mean(dy, name + ".grad")
             rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1])
             start = tf.reduce_sum(rows[:ar.rank()])
             return mean[start:start + rows[ar.rank()]]
@@ -69,7 +75,7 @@ def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False):
 def _broadcast_raw(xs: list, root_rank: int) -> list:
     def run(*arrays):
         return _broadcast_arrays(list(arrays), root_rank)
-    ys = _numpy_call("broadcast", in_step(run), xs, [x.dtype for x in xs])
+    ys = numpy_call("broadcast", in_step(run), xs, [x.dtype for x in xs])
     for x, y in zip(xs, ys):
         y.set_shape(x.shape)
     return ys
@@ -104,7 +110,7 @@ def _broadcast_arrays(arrays: list[np.ndarray], root_rank: int) -> list[np.ndarr
     return out
 
 
-@_plain_python
+@plain_python
 def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope: bool = False):
     """Root's ``tensor`` on every rank (``hvd.broadcast``).
 
@@ -114,14 +120,14 @@ def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope
     x = tf.convert_to_tensor(tensor)
     if not x.dtype.is_floating:
         return _broadcast_raw([x], root_rank)[0]
-    name = _name("broadcast", name)
+    name = auto_name("broadcast", name)
 
     @tf.custom_gradient
     def forward(x):
         y = _broadcast_raw([x], root_rank)[0]
 
         def grad(dy):
-            mean = allreduce(tf.convert_to_tensor(dy), op=Average, name=name + ".grad")
+            mean = _mean(dy, name + ".grad")
             if ar.rank() == root_rank:
                 return mean
             with tf.control_dependencies([mean]):    # a TF1 graph would prune the allreduce: every rank runs it
@@ -131,7 +137,7 @@ def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope
 
 
 # --------------------------------------------------------------------------- variables
-@_plain_python
+@plain_python
 def broadcast_variables(variables, root_rank: int = 0):
     """Assign root's values to ``variables`` on every rank, one broadcast per dtype.
 
@@ -150,7 +156,7 @@ def broadcast_variables(variables, root_rank: int = 0):
     return None if tf.executing_eagerly() else tf.group(*[a for a in assigns if a is not None])
 
 
-@_plain_python
+@plain_python
 def broadcast_(variables, root_rank: int, name: str | None = None) -> list:
     """In-place broadcast (``hvd.broadcast_``): root's values written into ``variables``.
 

@@ -9,7 +9,7 @@
 The sets themselves live in the core (:mod:`allreduce.process_sets`: one
 MPI sub-communicator each). Here is what TensorFlow adds: the set versions
 of ``allreduce``, ``grouped_allreduce``, ``allgather`` and ``broadcast``, and
-:func:`with_process_set`, which gives the world versions in :mod:`tfops.ops`
+:func:`with_process_set`, which gives the world versions in :mod:`tfops.collectives.ops`
 their ``process_set=`` argument (the global set, the default, runs the world
 op unchanged). A set's ops run on its communicator's direct path, inside one
 ``tf.numpy_function`` each; their gradients run over the same set.
@@ -41,7 +41,7 @@ from allreduce.process_sets import (ProcessSet, add_process_set, global_process_
                                     remove_process_set)
 
 from .arguments import scale
-from .ops import _numpy_call, _plain_python, in_step
+from .dispatch import in_step, numpy_call, plain_python
 
 __all__ = ["ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "process_set_by_id",
            "process_set_included_op", "NotInProcessSetError", "communicator_of", "is_global",
@@ -83,11 +83,11 @@ def process_set_included_op(process_set_id: int = 0, name=None):
     """An int32 scalar op, evaluated when it runs: 1 if this rank is in the set with this id, else 0."""
     def run():
         return np.int32(bool(process_set_by_id(int(process_set_id)).included()))
-    return tf.reshape(_numpy_call("process_set_included", run, [], [tf.int32])[0], [])
+    return tf.reshape(numpy_call("process_set_included", run, [], [tf.int32])[0], [])
 
 
 def _call(what: str, fn, xs: list, dtypes: list, shapes: list, comm) -> list:
-    ys = _numpy_call(what, in_step(fn, comm), xs, dtypes)     # fn on ``comm``: in step on the world
+    ys = numpy_call(what, in_step(fn, comm), xs, dtypes)     # fn on ``comm``: in step on the world
     for y, shape in zip(ys, shapes):
         y.set_shape(shape)
     return ys
@@ -128,7 +128,7 @@ def _reduce(x, op, pre: float, post: float, ps):
     return forward(x)
 
 
-@_plain_python
+@plain_python
 def allreduce_in_set(tensor, op=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None, **_ignored):
     """``allreduce`` on a process set (``tfops.allreduce(..., process_set=ps)`` comes here)."""
@@ -145,7 +145,7 @@ def allreduce_in_set(tensor, op=None, average=None, prescale_factor=1.0, postsca
     return _reduce(tf.convert_to_tensor(tensor), op, prescale_factor, postscale_factor, process_set)
 
 
-@_plain_python
+@plain_python
 def grouped_allreduce_in_set(tensors, op=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=None, **_ignored):
     """``grouped_allreduce`` on a process set: one allreduce per tensor, in order."""
@@ -171,7 +171,7 @@ def gather_raw(x, comm):
                  comm)[0]
 
 
-@_plain_python
+@plain_python
 def allgather_in_set(tensor, process_set=None, **_ignored):
     """``allgather`` on a process set."""
     comm = communicator_of(process_set)
@@ -187,7 +187,7 @@ def allgather_in_set(tensor, process_set=None, **_ignored):
     return forward(x)
 
 
-@_plain_python
+@plain_python
 def broadcast_in_set(tensor, root_rank, process_set=None, **_ignored):
     """``broadcast`` on a process set; ``root_rank`` is a world rank inside the set."""
     comm = communicator_of(process_set)
@@ -237,5 +237,5 @@ def with_process_set(world_op, set_op):
     at = next((i for i, q in enumerate(params) if q.kind == q.VAR_KEYWORD), len(params))
     call.__signature__ = signature.replace(parameters=params[:at] + [extra] + params[at:])
     call.__doc__ = (world_op.__doc__ or "") + "\n    ``process_set=``: run over that set's ranks only " \
-        "(:mod:`tfops.process_sets`); default: every rank.\n"
+        "(:mod:`tfops.collectives.process_sets`); default: every rank.\n"
     return call

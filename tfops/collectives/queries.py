@@ -20,6 +20,10 @@ cross_size, cross_rank      placed  how many ranks share this rank's local rank,
 int32 scalar tensors read when the graph runs, not when it is traced (as
 Horovod's are): a ``tf.function`` traced before ``init`` or before an
 elastic reset answers with the values current when it runs.
+
+``_executing_eagerly()`` is Horovod's ``horovod.tensorflow.util._executing_eagerly`` (its scripts
+and tests guard TF1-only code with ``hvd._executing_eagerly()``): ``tf.executing_eagerly()``, as
+TF 2 always has eager execution.
 """
 from __future__ import annotations
 
@@ -162,3 +166,8 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
     y = _read("local_rank", ar.local_rank, name)
     y.set_shape([])
     return y
+
+
+def _executing_eagerly() -> bool:
+    """True when ops run eagerly here (False while a ``tf.function`` or a TF1 graph is built)."""
+    return tf.executing_eagerly()

@@ -2,7 +2,7 @@
 
 Each is one ``tf.numpy_function`` around the core collective (direct path:
 ``Communicator.alltoall`` / ``reducescatter`` / ``allgather``) of the world or
-of a process set (``process_set=``, :mod:`tfops.process_sets`), wrapped in
+of a process set (``process_set=``, :mod:`tfops.collectives.process_sets`), wrapped in
 ``tf.custom_gradient`` for float tensors, eager, in ``tf.function`` and in
 ``model.fit``. The gradients are Horovod 0.28's (``horovod/tensorflow/mpi_ops.py``):
 
@@ -19,7 +19,7 @@ grouped_reducescatter  reducescatter per tensor, one call           as reducesca
 =====================  ===========================================  ==========================================
 
 Both reducescatter gradients are also scaled by ``prescale_factor *
-postscale_factor``. The forward scaling is allreduce's (``tfops.arguments.scale``):
+postscale_factor``. The forward scaling is allreduce's (``tfops.collectives.arguments.scale``):
 float16 and bfloat16 are scaled in float32, integers in float64, as Horovod's
 CPU ops do (scaled in float16 itself, a result was off by one float16 ulp).
 reducescatter splits dim 0 as Horovod does: the first
@@ -35,7 +35,7 @@ import allreduce as ar
 from allreduce.errors import MismatchError
 
 from .arguments import scale
-from .ops import _numpy_call, _plain_python, in_step
+from .dispatch import in_step, numpy_call, plain_python
 from .process_sets import communicator_of, gather_grad, gather_raw, global_process_set
 
 __all__ = ["alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter"]
@@ -50,13 +50,13 @@ def _alltoall_raw(x, splits, comm):
     def run(a, s):
         out, received = comm.alltoall(a, s if s.size else None)
         return out, received.astype("int32")
-    y, received = _numpy_call("alltoall", in_step(run, comm), [x, splits], [x.dtype, tf.int32])
+    y, received = numpy_call("alltoall", in_step(run, comm), [x, splits], [x.dtype, tf.int32])
     y.set_shape(_rows_shape(x))
     received.set_shape([comm.size])
     return y, received
 
 
-@_plain_python
+@plain_python
 def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope: bool = False,
              process_set=global_process_set):
     """Send rows of ``tensor`` to every rank: ``splits[j]`` rows (first-dimension slices) to rank j.
@@ -124,7 +124,7 @@ def _grouped_reducescatter(xs: list, op, pre: float, post: float, process_set) -
             _check_shapes(arrays, comm)
             return [comm.reducescatter(a, op) for a in arrays]
         scaled = [scale(x, pre, "prescale_factor") for x in xs]
-        ys = _numpy_call("reducescatter", in_step(run, comm), scaled, [x.dtype for x in xs])
+        ys = numpy_call("reducescatter", in_step(run, comm), scaled, [x.dtype for x in xs])
         for x, y in zip(xs, ys):
             y.set_shape(_rows_shape(x))
         return [scale(y, post, "postscale_factor") for y in ys]
@@ -139,7 +139,7 @@ def _grouped_reducescatter(xs: list, op, pre: float, post: float, process_set) -
     return list(forward(*xs))
 
 
-@_plain_python
+@plain_python
 def reducescatter(tensor, device_dense: str = "", compression=None, op=ar.Average, name: str | None = None,
                   process_set=global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0):
@@ -161,7 +161,7 @@ def reducescatter(tensor, device_dense: str = "", compression=None, op=ar.Averag
                                   postscale_factor, process_set)[0]
 
 
-@_plain_python
+@plain_python
 def grouped_reducescatter(tensors, device_dense: str = "", compression=None, op=ar.Average,
                           process_set=global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, name: str | None = None):
@@ -173,7 +173,7 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=None, op=
 
 
 # --------------------------------------------------------------------------- grouped_allgather
-@_plain_python
+@plain_python
 def grouped_allgather(tensors, name: str | None = None, ignore_name_scope: bool = False,
                       process_set=global_process_set):
     """Allgather every tensor in ``tensors`` (rows may differ by rank), in one op.
@@ -188,7 +188,7 @@ def grouped_allgather(tensors, name: str | None = None, ignore_name_scope: bool 
         return []
 
     def raw(*xs):
-        ys = _numpy_call("grouped_allgather", in_step(lambda *arrays: [comm.allgather(a) for a in arrays], comm),
+        ys = numpy_call("grouped_allgather", in_step(lambda *arrays: [comm.allgather(a) for a in arrays], comm),
                          list(xs), [x.dtype for x in xs])
         for x, y in zip(xs, ys):
             y.set_shape(_rows_shape(x))

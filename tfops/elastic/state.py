@@ -1,77 +1,22 @@
-"""Elastic training with TensorFlow: Horovod's ``hvd.elastic`` on :mod:`allreduce.elastic`.
-
-::
-
-    import tfops as hvd
-    hvd.init()
-    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
-
-    @hvd.elastic.run
-    def train(state):
-        for state.epoch in range(state.epoch, epochs):
-            for state.batch in range(state.batch, steps):
-                train_step(...)
-                if state.batch % 10 == 0:
-                    state.commit()
-            state.batch = 0
-
-    train(state)
+"""What an elastic commit keeps for TensorFlow: ``TensorFlowState`` (variables) and
+``TensorFlowKerasState`` (a Keras model's weights and its optimizer's variables).
 
 A state holds, besides its keyword attributes (``epoch``, ``batch``, any
 picklable value), the model's weights and the optimizer's variables (Keras 3:
 ``optimizer.variables``, the iteration count and every slot such as momentum).
 ``commit()`` copies them to host memory (one ``numpy()`` per variable),
 ``restore()`` assigns the copies back, ``sync()`` broadcasts rank 0's.
-
-An error of the library raised inside a TensorFlow op reaches Python as a
-``tf.errors.OpError`` that carries only its text; :func:`run` recognises a
-peer's death there by the text as well (``PeerLostError``, ``MPI_ERR_PROC_FAILED``,
-``MPI_ERR_REVOKED``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from allreduce import api as _api
-from allreduce.elastic import HostsUpdatedInterrupt, ObjectState, State
-from allreduce.elastic import world as _world
+from allreduce.elastic import ObjectState
 
-__all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState", "HostsUpdatedInterrupt",
-           "is_peer_failure"]
-
-_WORDS = ("PeerLostError", "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED")
-
-
-def is_peer_failure(exc: BaseException) -> bool:
-    """A peer's death, raised directly or wrapped by TensorFlow (by its text) or chained."""
-    from allreduce.transport.liveness import is_peer_failure as direct
-    seen = 0
-    while exc is not None and seen < 8:
-        if direct(exc) or any(word in str(exc) for word in _WORDS):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
-def _after_rebuild() -> None:
-    """What :func:`tfops.init` does after ``ar.init()``, redone on every rank of a shrunk or grown
-    world: a replacement runs ``tfops.init`` itself, the others this (allreduce/elastic/world.py)."""
-    import tfops
-    from tfops import queries
-    queries._layout.clear()     # keyed by id(communicator): the new one may reuse the old one's id
-    queries.is_homogeneous()    # the layout allgather, as tfops.init runs it
-    tfops.global_process_set.ranks = list(range(_api.size()))
-
-
-_world.rebuild_hooks.append(_after_rebuild)
-
-
-def run(func: Callable) -> Callable:
-    """:func:`allreduce.elastic.run` that also sees a death through TensorFlow's errors."""
-    from allreduce.elastic.recovery import run_with
-    return run_with(func, is_failure=is_peer_failure)
+__all__ = ["TensorFlowState", "TensorFlowKerasState"]
 
 
 def _values(variables) -> list[np.ndarray]:
@@ -123,7 +68,7 @@ def _build_alone(optimizer, var_list) -> None:
     with an allgather that every rank trains the same shapes, but the other ranks built theirs
     before the replacement existed and will not join it; the shapes are checked here instead,
     by ``_assign`` (the count) and ``Variable.assign`` (each shape)."""
-    from tfops import optimizer as module
+    from ..training import optimizer as module
     check = module._check_same_variables
     module._check_same_variables = lambda var_list: None
     try:

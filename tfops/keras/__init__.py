@@ -21,11 +21,12 @@ import keras
 
 from .. import *  # noqa: F401,F403  (every tfops name, as horovod.tensorflow.keras re-exports horovod.tensorflow's)
 from .. import __all__ as _tfops_all
-from ..ops import Average, Compression
-from ..optimizer import DistributedOptimizer as _tf_distributed_optimizer
-from ..optimizer import DistributedOptimizerWrapper
-from ..sync_batch_norm import SyncBatchNormalization
-from ..tape import local_layer_variables
+from ..collectives.compression import Compression
+from ..collectives.dispatch import Average
+from ..training.optimizer import DistributedOptimizer as _tf_distributed_optimizer
+from ..training.optimizer import DistributedOptimizerWrapper
+from ..training.sync_batch_norm import SyncBatchNormalization
+from ..training.tape import local_layer_variables
 from . import callbacks
 from . import elastic   # hvd.elastic: KerasState and the three callbacks (issue 25)
 

@@ -4,7 +4,7 @@
 * :class:`MetricAverageCallback` - epoch-end metrics averaged over ranks (each rank saw its shard).
 * :class:`LearningRateWarmupCallback` - Goyal et al. 2017 warmup from ``lr / size`` up to ``lr``.
 * :class:`LearningRateScheduleCallback` - ``lr = initial_lr * multiplier(epoch)`` over a range of epochs
-  (these two live in :mod:`tfops.lr_schedule`).
+  (these two live in :mod:`tfops.training.lr_schedule`).
 * :class:`BestModelCheckpoint` - ``keras.callbacks.ModelCheckpoint`` that keeps the best model, on rank 0 only.
 
 Every one of them also turns off XLA (``model.jit_compile``) with a warning
@@ -20,7 +20,7 @@ import allreduce as ar
 
 from .grad_reduce import source_key
 from .lr_schedule import LearningRateScheduleCallback, LearningRateWarmupCallback, _disable_xla
-from .ops import broadcast_variables
+from ..collectives.gather import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
            "LearningRateScheduleCallback", "BestModelCheckpoint"]

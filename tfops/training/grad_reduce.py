@@ -17,10 +17,10 @@
 * **Groups**: ``num_groups=n`` splits the reduced gradients, in order, into
   ``n`` nearly equal groups; ``groups=[[v, ...], ...]`` names them by variable
   (gradients of variables in no group get a group each). Every group is one
-  grouped allreduce (:func:`tfops.gradients.reduce_gradients`), so the
+  grouped allreduce (:func:`tfops.training.gradients.reduce_gradients`), so the
   engine negotiates and fuses it as one tensor. Default: one group, eagerly; inside a graph
   (``tf.function``, ``model.fit``) buckets of about 1 MiB in backprop order, each submitted as
-  soon as its gradients exist, all waited for once (:mod:`tfops.overlap`).
+  soon as its gradients exist, all waited for once (:mod:`tfops.training.overlap`).
 
 * **comm_hook** (``tfops.PowerSGD``, ``tfops.OneBit``): the same groups and buckets, each
   reduced by the hook instead of the plain allreduce (every array its own engine tensor, so
@@ -40,8 +40,8 @@ import tensorflow as tf
 import allreduce as ar
 
 from .gradients import gradient_names, reduce_gradients
-from .compression import check_comm_hook
-from .ops import Adasum, Average, Compression, check_compression
+from ..collectives.compression import Compression, check_comm_hook, check_compression
+from ..collectives.dispatch import Adasum, Average
 
 __all__ = ["GradientSettings", "reduce_step", "source_key"]
 
@@ -97,7 +97,7 @@ class GradientSettings:
             raise ValueError(f"{who}: comm_hook= does not combine with gradient_predivide_factor="
                              f"{self.gradient_predivide_factor:g} (a hook reduces the gradients itself)")
         if self.process_set is not None:
-            from .process_sets import is_global
+            from ..collectives.process_sets import is_global
             if not is_global(self.process_set):
                 raise ValueError(f"{who}: comm_hook= reduces over all ranks; it does not take a process_set")
 
@@ -142,14 +142,14 @@ def _scale(g, factor: float):
 def _reduce_group(grads: list, names: list[str], settings: GradientSettings) -> list:
     op, f = settings.op, settings.gradient_predivide_factor
     if settings.process_set is not None:
-        from .process_sets import grouped_allreduce_in_set, is_global
+        from ..collectives.process_sets import grouped_allreduce_in_set, is_global
         if not is_global(settings.process_set):
             pre, post = (1.0 / f, f) if op == Average else (1.0, 1.0)
             dense = [tf.convert_to_tensor(g) if settings.sparse_as_dense and isinstance(g, tf.IndexedSlices)
                      else g for g in grads]
             return grouped_allreduce_in_set(dense, op=op, prescale_factor=pre, postscale_factor=post,
                                             process_set=settings.process_set)
-    if f == 1.0:        # the default single group: buckets overlapping backprop (tfops.overlap)
+    if f == 1.0:        # the default single group: buckets overlapping backprop (tfops.training.overlap)
         return reduce_gradients(grads, names, op=op, compression=settings.compression,
                                 sparse_as_dense=settings.sparse_as_dense, overlap=settings.groups is None,
                                 comm_hook=settings.comm_hook)

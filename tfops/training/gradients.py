@@ -11,7 +11,9 @@ import tensorflow as tf
 
 import allreduce as ar
 
-from .ops import Average, Compression, _check_op, _grouped_dense, _plain_python, allreduce, check_compression
+from ..collectives.compression import Compression, check_compression
+from ..collectives.dispatch import Average, check_op, plain_python
+from ..collectives.ops import grouped_dense, allreduce
 from .overlap import reduce_overlapped
 
 __all__ = ["gradient_names", "reduce_gradients"]
@@ -27,7 +29,7 @@ def gradient_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}.grad.{i}" for i in range(count)]
 
 
-@_plain_python
+@plain_python
 def reduce_gradients(grads, names: list[str], op=Average, compression=Compression.none,
                      sparse_as_dense: bool = False, overlap: bool = False, comm_hook=None) -> list:
     """Reduce a step's gradients: every dense one in ONE grouped call, sparse ones allgathered.
@@ -41,7 +43,7 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
             gradients instead, one bucket (grouped call) at a time; ``None``: the plain allreduce.
         sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense ones.
         overlap: inside a graph (``tf.function``, ``model.fit``), reduce the dense ones in
-            buckets submitted as backprop produces them (:mod:`tfops.overlap`) instead of one
+            buckets submitted as backprop produces them (:mod:`tfops.training.overlap`) instead of one
             grouped call after the whole backward pass. Eagerly it changes nothing.
 
     Returns:
@@ -63,10 +65,10 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
     if dense:
         xs = [tf.convert_to_tensor(out[i]) for i in dense]
         if overlap and not tf.executing_eagerly():
-            ys = reduce_overlapped(xs, [names[i] for i in dense], _check_op(op), check_compression(compression),
+            ys = reduce_overlapped(xs, [names[i] for i in dense], check_op(op), check_compression(compression),
                                    comm_hook)
         else:
-            ys = _grouped_dense(xs, _check_op(op), check_compression(compression), [names[i] for i in dense],
+            ys = grouped_dense(xs, check_op(op), check_compression(compression), [names[i] for i in dense],
                                 comm_hook)
         for i, y in zip(dense, ys):
             out[i] = y

@@ -45,8 +45,9 @@ import numpy as np
 import tensorflow as tf
 
 from .gradients import gradient_names
-from .compression import check_comm_hook
-from .ops import Average, Compression, Sum, _check_op, _numpy_call, allreduce, check_compression, submit, wait
+from ..collectives.compression import Compression, check_comm_hook, check_compression
+from ..collectives.dispatch import Average, Sum, check_op, numpy_call, submit, wait
+from ..collectives.ops import allreduce
 
 __all__ = ["GradientHooks"]
 
@@ -67,7 +68,7 @@ class GradientHooks:
     def __init__(self, model, op=Average, compression=Compression.none, sparse_as_dense: bool = False,
                  comm_hook=None):
         self.model = model
-        self.op = _check_op(op)
+        self.op = check_op(op)
         if self.op not in (Average, Sum):
             raise ValueError(f"GradientHooks supports op=Average or Sum, got {self.op!r}")
         self.compression = check_compression(compression)
@@ -132,7 +133,7 @@ class GradientHooks:
                     if not self.sparse_as_dense:
                         return dy          # allgathered in wait()
                     dy = tf.convert_to_tensor(dy)
-                out = _numpy_call("hook_submit", start, [dy], [dy.dtype])[0]
+                out = numpy_call("hook_submit", start, [dy], [dy.dtype])[0]
                 out.set_shape(dy.shape)
                 return out
             return tf.identity(x), grad
@@ -166,7 +167,7 @@ class GradientHooks:
                                        "hooks.forward() and pass tape.gradient's result to wait()")
                 return [wait(handles.pop(names[i])) for i in dense]
             xs = [grads[i] for i in dense]
-            ys = _numpy_call("hook_wait", collect, xs, [x.dtype for x in xs])
+            ys = numpy_call("hook_wait", collect, xs, [x.dtype for x in xs])
             for i, x, y in zip(dense, xs, ys):
                 y.set_shape(x.shape)
                 out[i] = y

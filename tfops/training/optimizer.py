@@ -9,7 +9,7 @@
 The wrapper is one class, defined here (not built at run time): it owns the
 inner optimizer, as ``keras.optimizers.LossScaleOptimizer`` does, and
 forwards ``learning_rate``, ``iterations``, ``scale_loss`` and the optimizer
-state to it. ``apply`` reduces the step's gradients (:mod:`tfops.grad_reduce`:
+state to it. ``apply`` reduces the step's gradients (:mod:`tfops.training.grad_reduce`:
 local variables, ``gradient_predivide_factor``, ``num_groups``), then calls
 the inner ``apply``. Horovod's Keras entry points work too:
 ``compute_gradients`` / ``_compute_gradients(loss, var_list, tape=)`` reduce
@@ -17,10 +17,10 @@ and return ``(gradient, variable)`` pairs, and ``apply_gradients`` then
 applies them without reducing again.
 
 With ``backward_passes_per_step=N`` the gradients are summed locally for N
-passes and reduced (and applied) on every N-th (:mod:`tfops.aggregation`).
+passes and reduced (and applied) on every N-th (:mod:`tfops.training.aggregation`).
 
 ``hooks=tfops.GradientHooks(model)`` (not in Horovod) starts each gradient's
-allreduce during backprop instead (:mod:`tfops.hooks`); ``apply`` then only
+allreduce during backprop instead (:mod:`tfops.training.hooks`); ``apply`` then only
 waits for the handles.
 """
 from __future__ import annotations
@@ -34,7 +34,8 @@ from allreduce.ops import Adasum
 
 from .aggregation import LocalAggregation
 from .grad_reduce import GradientSettings, reduce_step
-from .ops import Average, Compression, Sum, _check_op
+from ..collectives.compression import Compression
+from ..collectives.dispatch import Average, Sum, check_op
 
 __all__ = ["DistributedOptimizer", "DistributedOptimizerWrapper"]
 
@@ -51,7 +52,7 @@ class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got "
                             f"{type(inner_optimizer).__name__}; tf.compat.v1 and Keras 2 legacy optimizers "
                             "are not supported")
-        op = _check_op(op)
+        op = check_op(op)
         if op not in (Average, Sum, Adasum):
             raise ValueError(f"DistributedOptimizer supports op=Average, Sum or Adasum, got {op!r}")
         if int(backward_passes_per_step) < 1:

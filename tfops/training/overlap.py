@@ -25,7 +25,7 @@ whole backward pass before the first byte moves::
 Horovod gets the same overlap from an asynchronous TF op per gradient; here a bucket is one
 Python call instead of one per gradient (ResNet-50 has 161 gradients). Eagerly ``tape.gradient``
 returns every gradient at once, so there is nothing to overlap: one grouped call does it
-(:func:`tfops.ops._grouped_dense`).
+(:func:`tfops.collectives.ops.grouped_dense`).
 
 With a ``comm_hook`` (PowerSGD, OneBit) the buckets and their submits are the same; the
 engine runs the hook on what each of its cycles finds ready, so the hook's collectives overlap
@@ -42,7 +42,7 @@ from tensorflow.python.framework import func_graph
 
 import allreduce as ar
 
-from .ops import _numpy_call
+from ..collectives.dispatch import numpy_call
 
 __all__ = ["BUCKET_BYTES", "buckets", "reduce_overlapped"]
 
@@ -78,7 +78,7 @@ def reduce_overlapped(xs: list, names: list[str], op, compression, comm_hook=Non
             handles[k] = ar.grouped_allreduce_async(list(arrays), name=f"{names[members[0]]}+group", op=op,
                                                     compression=compression, comm_hook=comm_hook)
             return np.int32(k)
-        tokens += _numpy_call("grad_submit", submit, [xs[i] for i in members], [tf.int32])
+        tokens += numpy_call("grad_submit", submit, [xs[i] for i in members], [tf.int32])
 
     def collect(*_tokens):
         out: list = [None] * len(xs)
@@ -86,7 +86,7 @@ def reduce_overlapped(xs: list, names: list[str], op, compression, comm_hook=Non
             for i, y in zip(members, handles.pop(k).wait()):
                 out[i] = y
         return out
-    ys = _numpy_call("grad_wait", collect, tokens, [x.dtype for x in xs])
+    ys = numpy_call("grad_wait", collect, tokens, [x.dtype for x in xs])
     for x, y in zip(xs, ys):
         y.set_shape(x.shape)
     if len(order) > 1 and isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):

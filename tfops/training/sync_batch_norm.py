@@ -27,7 +27,8 @@ import tensorflow as tf
 
 import allreduce as ar
 
-from .ops import Sum, grouped_allreduce
+from ..collectives.dispatch import Sum
+from ..collectives.ops import grouped_allreduce
 
 __all__ = ["SyncBatchNormalization"]
 

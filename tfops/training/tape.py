@@ -7,13 +7,13 @@
     tape = tfops.DistributedGradientTape(tape)
     grads = tape.gradient(loss, model.trainable_variables)   # reduced over all ranks
 
-The gradients are reduced as :mod:`tfops.grad_reduce` describes (one grouped
+The gradients are reduced as :mod:`tfops.training.grad_reduce` describes (one grouped
 call per group; by default, inside ``tf.function``, buckets in backprop order
-that start while backprop runs, :mod:`tfops.overlap`; sparse ones allgathered;
+that start while backprop runs, :mod:`tfops.training.overlap`; sparse ones allgathered;
 sources registered with :meth:`register_local_source` stay local, divided by
 ``size()``). :func:`PartialDistributedGradientTape` registers the trainable
 variables of some Keras layers as local. For a submit per variable, as
-backprop reaches it, see :mod:`tfops.hooks`.
+backprop reaches it, see :mod:`tfops.training.hooks`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import tensorflow as tf
 from allreduce.ops import Adasum
 
 from .grad_reduce import GradientSettings, reduce_step, source_key
-from .ops import Average, Compression, Sum, _check_op
+from ..collectives.compression import Compression
+from ..collectives.dispatch import Average, Sum, check_op
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -61,7 +62,7 @@ class DistributedGradientTape:
                  sparse_as_dense: bool = False, op=Average, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups=None, process_set=None, scale_local_gradients: bool = True,
                  comm_hook=None):
-        op = _check_op(op)
+        op = check_op(op)
         if op not in (Average, Sum, Adasum):
             raise ValueError(f"DistributedGradientTape supports op=Average, Sum or Adasum, got {op!r}")
         self._tape = gradtape
