@@ -153,13 +153,13 @@ def _print(model, args, precision, plans, shown) -> None:
           + (f"; the first {len(shown)}" if len(shown) < len(plans) else "")
           + ("" if args.flops else "; no --flops: step not timed, layouts in order"))
     head = (f"{'data':>5} {'tensor':>6} {'pipe':>4} {'zero':>4} {'recompute':>9} | {'weights':>8} {'grads':>8} "
-            f"{'optim':>8} {'activ':>8} {'total':>8} {args.units:<3} | {'step ms':>9} {'bubble':>6}")
+            f"{'optim':>8} {'activ':>8} {'total':>8} {args.units:<3} | {'step s':>9} {'bubble':>6}")
     print(head)
     for plan in shown:
         lay, m = plan.layout, plan.memory
         vals = " ".join(f"{v / scale:8.{_digits(v / scale)}f}" for v in (m.weights, m.grads, m.state,
                                                                             m.activations, m.total))
-        step = f"{plan.time.total * 1e3:9.4g}" if args.flops else f"{'-':>9}"
+        step = f"{plan.time.total:9.4g}" if args.flops else f"{'-':>9}"
         flag = "" if plan.fits else "  does not fit"
         print(f"{lay.data:>5} {lay.tensor:>6} {lay.pipeline:>4} {lay.zero:>4} {lay.recompute:>9} | {vals}     "
               f"| {step} {plan.time.bubble:6.3f}{flag}")
