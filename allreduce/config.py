@@ -31,6 +31,7 @@ ALLREDUCE_ELASTIC_MIN_NP           elastic_min_np                1 (--min-np)
 ALLREDUCE_ELASTIC_MAX_NP           elastic_max_np                0 (--max-np: regrow up to it; 0: no regrow)
 ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT elastic_recovery_timeout      120.0 (seconds per recovery step; 0: no bound)
 ALLREDUCE_ELASTIC_RESET_LIMIT      elastic_reset_limit           -1 (--reset-limit: shrinks and regrows allowed; -1: any)
+ALLREDUCE_ELASTIC_HANG_TIMEOUT     elastic_hang_timeout          0 (seconds a rank may be silent before eviction; 0: timeout)
 =================================  ============================  ===========
 
 The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
@@ -72,6 +73,11 @@ The engine settings (``ar.allreduce_async`` and named ``ar.allreduce``; see
   a spawn waits for the replacements' start-up and imports (10-20 s with
   TensorFlow on a loaded 2-core machine), so raise it if your script does
   much before ``ar.init()``.
+* ``elastic_hang_timeout``: under ``allreduce-run --elastic``, how long a rank
+  may go without a heartbeat (stopped, hung, swapping) before the others have
+  the launcher SIGKILL it and recover without it (``allreduce/elastic/heartbeat.py``);
+  0 means ``timeout``. Shorter: faster recovery, more false evictions of a
+  rank that was only slow.
 * ``timeline``: write a Chrome-trace JSON timeline; rank 0 writes this path,
   rank r writes ``<stem>.rank<r><suffix>`` next to it.
 """
@@ -125,6 +131,7 @@ class Config:
     elastic_max_np: int = 0          #: an elastic job regrows up to this many ranks (0: no regrow)
     elastic_recovery_timeout: float = 120.0  #: seconds one recovery/regrow step may block in MPI (0: no bound)
     elastic_reset_limit: int = -1    #: an elastic job ends at its next shrink or regrow past this many (-1: never)
+    elastic_hang_timeout: float = 0.0  #: seconds without a heartbeat before an elastic job evicts a rank (0: timeout)
 
     _ENV = {
         "algorithm": "ALLREDUCE_ALGORITHM",
@@ -152,6 +159,7 @@ class Config:
         "elastic_max_np": "ALLREDUCE_ELASTIC_MAX_NP",
         "elastic_recovery_timeout": "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT",
         "elastic_reset_limit": "ALLREDUCE_ELASTIC_RESET_LIMIT",
+        "elastic_hang_timeout": "ALLREDUCE_ELASTIC_HANG_TIMEOUT",
     }
 
     def __post_init__(self):
@@ -168,7 +176,7 @@ class Config:
         if not self.cycle_time > 0:
             raise ValueError(f"cycle_time must be positive milliseconds, got {self.cycle_time}")
         for name in ("fusion_threshold", "cache_capacity", "stall_check_time", "stall_shutdown_time",
-                     "out_of_step_time", "elastic_recovery_timeout"):
+                     "out_of_step_time", "elastic_recovery_timeout", "elastic_hang_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.elastic_reset_limit < -1:

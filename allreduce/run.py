@@ -28,6 +28,7 @@ The exit status is mpirun's: non-zero when any rank failed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from .cluster.launch import command_for as cluster_command, split_flag as split_cluster_flag
 from .config import OPEN_MPI_DEFAULTS
-from .elastic import launch as elastic_launch
+from .elastic import evict as elastic_evict, launch as elastic_launch
 from .errors import ClusterError
 
 __all__ = ["build_command", "find_mpirun", "main"]
@@ -60,6 +61,16 @@ GRACE_SECONDS = 10.0
 _RANK_PATTERNS = (re.compile(r"Process name: \[[^\]]*@\d+,(\d+)\]"), re.compile(r"process rank (\d+) with PID"),
                   re.compile(r"MPI_ABORT was invoked on rank (\d+)"))
 _EXIT_PATTERN = re.compile(r"Exit code:\s+(\d+)")
+
+
+_STRAY = ("\0", "LAUNCHER JOB OBJECT NOT FOUND")     # Open MPI 5.0.11 text with no line of its own
+
+
+def _clean(line: str) -> str:
+    """``line`` without Open MPI's stray text (``_STRAY``); empty if nothing else was on it."""
+    for stray in _STRAY:
+        line = line.replace(stray, "")
+    return "" if not line.strip() and line != "\n" else line
 
 
 def failed_rank(lines: list[str]) -> tuple[int | None, str]:
@@ -175,14 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True,
                             errors="replace", bufsize=1)
     seen: list[str] = []
+    evictor = elastic_evict.Evictor() if elastic is not None else None
 
     def relay() -> None:
         # Pass mpirun's stderr through, keeping the lines that say who failed. Open MPI 5.0.11's
         # prterun ends a forwarded help message (the ULFM "osc sm" warning) with the C string's
-        # terminating NUL: dropped here, so a terminal or a log never sees a \0.
+        # terminating NUL, and prints "LAUNCHER JOB OBJECT NOT FOUND" with no newline, into
+        # whatever line comes next: both dropped here, so a terminal or a log never sees them.
         for line in proc.stderr:
-            line = line.replace("\0", "")
+            line = _clean(line)
+            if not line:
+                continue
             sys.stderr.write(line)
+            if evictor is not None and (done := evictor.feed(line)) is not None:
+                line = f"{elastic_evict.EVICTED}{done.describe()}\n"     # --elastic: evict.py
+                sys.stderr.write(line)
             sys.stderr.flush()
             if len(seen) < 10_000:
                 seen.append(line)
@@ -214,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             summary.feed(line)
         text, code = summary.report(code)
         sys.stderr.write(text + "\n")
+        with contextlib.suppress(OSError):            # the heartbeat table on this host (heartbeat.py)
+            os.unlink(elastic_evict.table_path())
         return code
     if code != 0:
         rank, detail = failed_rank(seen)

@@ -288,6 +288,6 @@ def test_keras_fit_with_the_three_callbacks_survives_a_death_and_a_raise_and_gro
     assert "RESTORED-OK" in result.stdout and "RESTORED-WRONG" not in result.stdout
     summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
     assert summary and re.search(r"allreduce-run: elastic job finished with 3 of 3 ranks; rank\(s\) 2 died at \S+ UTC; "
-                                r"rank\(s\) 3 joined at \S+ UTC; rank 0 failed with RuntimeError: callback raised on "
+                                r"rank\(s\) 3 joined at \S+ UTC; rank \d of 3 \(name 0\) failed with RuntimeError: callback raised on "
                                 r"name 0 at epoch 2 batch 3; rank\(s\) 0 died at \S+ UTC; rank\(s\) 4 joined at",
                                 summary[-1]), summary

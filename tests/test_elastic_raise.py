@@ -43,7 +43,7 @@ def _summary(stderr: str) -> str:
 
 
 def _failed(name: int, step: int, phase: str) -> str:
-    return f"rank {name} failed with RuntimeError: check_rank and exit: name {name} at step {step} in {phase}"
+    return f"(name {name}) failed with RuntimeError: check_rank and exit: name {name} at step {step} in {phase}"
 
 
 def test_ranks_that_raise_in_each_phase_leave_and_the_last_finishes():
@@ -61,8 +61,11 @@ def test_ranks_that_raise_in_each_phase_leave_and_the_last_finishes():
     _assert_user_keys(finals, commits=4)
     # each rank that raised: its traceback, one line naming it, and the launcher's summary
     for name, step, phase in ((0, 2, "compute"), (2, 5, "collective"), (1, 9, "commit")):
-        assert re.search(rf"allreduce: rank \d of \d failed with RuntimeError: check_rank and exit: name {name} "
-                         rf"at step {step} in {phase}; it leaves the elastic job", result.stderr), text[-4000:]
+        # the library's line and the launcher's name the process alike: its rank now and its name
+        line = re.search(rf"allreduce: (rank \d of \d \(name {name}\)) failed with RuntimeError: check_rank and exit: "
+                         rf"name {name} at step {step} in {phase}; it leaves the elastic job", result.stderr)
+        assert line, text[-4000:]
+        assert f"{line.group(1)} failed with RuntimeError" in _summary(result.stderr), _summary(result.stderr)
         assert _failed(name, step, phase) in _summary(result.stderr)
     assert result.stderr.count("Traceback (most recent call last)") == 3
     assert "second line" not in _summary(result.stderr)        # the first line of the message only
@@ -113,10 +116,10 @@ def test_launcher_reset_limit_flag_and_summary_lines():
     unset = launch.split_flags(["--elastic"])[1]               # the user's variable stays when no flag is given
     assert "ALLREDUCE_ELASTIC_RESET_LIMIT" not in launch.environment(unset, {"ALLREDUCE_ELASTIC_RESET_LIMIT": "3"})
     summary = launch.Summary(3)
-    summary.feed("allreduce-elastic: rank 2 raised ValueError: bad record 17; it leaves the job")
+    summary.feed("allreduce-elastic: rank 1 of 3 (name 2) raised ValueError: bad record 17; it leaves the job")
     summary.feed("allreduce-elastic: rank(s) 2 died (noticed at 10:00:00.000 UTC); going on with 2 of 3 ranks")
     summary.feed("allreduce-elastic: run(train) finished with 2 ranks (started with 3)")
-    assert summary.report(0) == ("allreduce-run: elastic job finished with 2 of 3 ranks; rank 2 failed with "
+    assert summary.report(0) == ("allreduce-run: elastic job finished with 2 of 3 ranks; rank 1 of 3 (name 2) failed with "
                                  "ValueError: bad record 17; rank(s) 2 died at 10:00:00.000 UTC", 0)
     below = launch.Summary(3)                                   # below --min-np: the death is named, once
     for _ in range(2):

@@ -39,7 +39,7 @@ import traceback
 from typing import Any
 
 from .. import api
-from . import world
+from . import heartbeat, world
 from .launch import RESET_LIMIT_EXIT, say
 
 __all__ = ["leave", "check_reset_limit", "first_line", "LEAVE_EXIT"]
@@ -58,9 +58,11 @@ def leave(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, exc.__traceback__)
     rank, size = (api.rank(), api.size()) if api.is_initialized() else (-1, -1)
     what = first_line(exc)
-    sys.stderr.write(f"allreduce: rank {rank} of {size} failed with {what}; it leaves the elastic job, "
+    who = f"rank {rank} of {size} (name {world.name()})"      # as every elastic line says it (world.py)
+    sys.stderr.write(f"allreduce: {who} failed with {what}; it leaves the elastic job, "
                      "and the other ranks go on without it\n")
-    say(f"rank {world.name()} raised {what}; it leaves the job")
+    say(f"{who} raised {what}; it leaves the job")
+    heartbeat.finish()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(LEAVE_EXIT)
@@ -73,6 +75,7 @@ def check_reset_limit(settings: dict[str, Any], state, what: str) -> None:
         return
     say(f"reset limit {limit} reached: the world was reset {world.resets} time(s) and {what} would reset it "
         f"again (--reset-limit, ALLREDUCE_ELASTIC_RESET_LIMIT); the last commit was {state.describe()}; stopping")
+    heartbeat.finish()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(RESET_LIMIT_EXIT)      # as leave(): a peer may be dead, and the engine thread still waiting

@@ -35,6 +35,7 @@ no rank finished (every rank raised: 1).
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -53,8 +54,9 @@ _NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
 _BELOW = re.compile(re.escape(MARK) + r" below --min-np(?: \d+: rank\(s\) ([\d, ]+) died)?")
 _STUCK = re.compile(re.escape(MARK) + r" (.+?) stuck inside Open MPI in (.+?) for (\d+) s")
-_RAISED = re.compile(re.escape(MARK) + r" rank (\d+) raised (.*); it leaves the job")
+_RAISED = re.compile(re.escape(MARK) + r" (rank \d+ of \d+ \(name \d+\)) raised (.*); it leaves the job")
 _LIMIT = re.compile(re.escape(MARK) + r" (reset limit \d+ reached: .*)$")
+_EVICTED = "allreduce-run: evicted "   # the launcher's own line for an eviction (evict.py, run.py)
 STUCK_EXIT = 4                    #: exit status of a job the elastic watchdog aborted (watchdog.py)
 
 
@@ -113,6 +115,8 @@ def environment(options: ElasticOptions, environ: dict[str, str]) -> dict[str, s
         env["ALLREDUCE_ELASTIC_RESET_LIMIT"] = str(options.reset_limit)   # the flag wins over the variable
     if "ALLREDUCE_SHM_P2P" not in environ:
         env["ALLREDUCE_SHM_P2P"] = "1"     # mailboxes on, though the BTL is tcp,self (see the module doc)
+    if "ALLREDUCE_ELASTIC_JOB" not in environ:       # names the nodes' heartbeat tables (heartbeat.py)
+        env["ALLREDUCE_ELASTIC_JOB"] = f"{os.getpid()}-{time.time_ns() % 10**9}"
     if "PRTE_MCA_state_base_error_non_zero_exit" not in environ:
         env["PRTE_MCA_state_base_error_non_zero_exit"] = "0"   # a rank that raised leaves alone (module doc)
     return env
@@ -142,8 +146,17 @@ class Summary:
     stuck: list[str] = field(default_factory=list)                # "who in step for N s", watchdog.py
     raised: list[str] = field(default_factory=list)               # "rank N failed with Type: line", failure.py
     limit: str = ""                                               # "reset limit N reached: ...", failure.py
+    evicted: list[str] = field(default_factory=list)              # evict.Eviction.describe(), run.py
+
+    def evict(self, text: str) -> None:
+        """The launcher evicted a silent rank (evict.py): said in the summary, in order."""
+        self.evicted.append(text)
+        self.events.append(f"evicted {text}")
 
     def feed(self, line: str) -> None:
+        if line.startswith(_EVICTED):
+            self.evict(line[len(_EVICTED):].strip())
+            return
         if MARK not in line:
             return
         if (m := _DIED.search(line)) is not None:
@@ -164,14 +177,14 @@ class Summary:
         elif (m := _STUCK.search(line)) is not None:
             self.stuck.append(f"{m.group(1)} in {m.group(2)} for {m.group(3)} s")
         elif (m := _RAISED.search(line)) is not None:
-            self.raised.append(f"rank {m.group(1)} failed with {m.group(2)}")
+            self.raised.append(f"{m.group(1)} failed with {m.group(2)}")
             self.events.append(self.raised[-1])
         elif not self.limit and (m := _LIMIT.search(line)) is not None:
             self.limit = m.group(1)
 
     def report(self, code: int) -> tuple[str, int]:
         """The launcher's last line and its exit status, given mpirun's."""
-        died = "; ".join(self.events) if self.deaths or self.raised else "; ".join(["no rank died", *self.events])
+        died = "; ".join(self.events) if self.deaths or self.raised or self.evicted else "; ".join(["no rank died", *self.events])
         if self.stuck:
             return (f"allreduce-run: elastic job aborted: stuck inside Open MPI: {'; '.join(self.stuck)} "
                     f"(ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT bounds each recovery step; docs/11); {died}",

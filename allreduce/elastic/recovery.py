@@ -20,6 +20,10 @@
         state.commit() raised HostsUpdatedInterrupt (--max-np above the size), on every rank:
           grow (.regrow): spawn replacements, merge them in, rebuild; reset callbacks;
           (loop) sync sends them the commit, call train again
+        a wait timed out (TransportTimeoutError): the peer it waited for is silent, not this
+          rank: blame it (.heartbeat: the launcher SIGKILLs it), then recover as after a death
+        a rank on this node stops beating for elastic_hang_timeout (.heartbeat's thread): the
+          same eviction; the survivors' waits then see a death
         any other Exception on this rank (under --elastic): this rank leaves the job
           (.failure: traceback, one line, exit 1); the others see a death
         a death or a regrow past --reset-limit: every rank stops (.failure, exit 5)
@@ -49,8 +53,8 @@ from typing import Any, Callable
 from .. import api, faults
 from ..errors import AllreduceError, HostsUpdatedInterrupt
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
-from ..transport.liveness import is_peer_failure
-from . import failure, watchdog, world
+from ..transport.liveness import is_peer_failure, silent_peer
+from . import failure, heartbeat, watchdog, world
 from .launch import BELOW_MIN_EXIT, MARK, clock, say
 from .regrow import grow
 from .state import State
@@ -83,6 +87,9 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any):
         world.base()
+        remember_settings()
+        if _elastic():
+            heartbeat.start(_settings.get("elastic_hang_timeout") or _settings.get("timeout", 30.0))
         grow_next = reset_next = False
         while True:
             try:
@@ -104,7 +111,10 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
             except BaseException as exc:  # noqa: BLE001 - a death recovers, an Exception leaves, the rest go up
                 if not _elastic():
                     raise                         # allreduce.faults aborts the job
-                if not is_failure(exc):
+                peer = silent_peer(exc)           # a wait timed out: the silent peer's fault, not ours
+                if peer is not None:
+                    heartbeat.blame(peer, exc)    # the launcher evicts it; the shrink below waits for that
+                elif not is_failure(exc):
                     if isinstance(exc, Exception):
                         failure.leave(exc)        # never returns: the others see a death
                     raise
@@ -117,6 +127,7 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
                 continue
             finally:
                 state._in_run = False
+            heartbeat.finish()
             if api.rank() == 0:
                 say(f"run({getattr(func, '__name__', 'func')}) finished with {api.size()} ranks "
                     f"(started with {world.start_size()})")
@@ -217,5 +228,6 @@ def _stop(dead: list[int], size: int, min_np: int, state: State) -> None:
     text = (f"below --min-np {min_np}: rank(s) {', '.join(map(str, dead))} died and {size} rank(s) "
             f"are left; the last commit was {state.describe()}; stopping")
     say(text)
+    heartbeat.finish()
     world.exit_status = BELOW_MIN_EXIT
     raise SystemExit(BELOW_MIN_EXIT)

@@ -26,6 +26,14 @@ time, instead of waiting out ``ALLREDUCE_TIMEOUT`` (30 s):
           MPI_Comm_is_revoked             a survivor already gave up on it
           any of them -> PeerLostError naming the dead ranks
 
+A peer that is alive but silent (stopped, hung) is not dead to MPI: no call
+fails, and the waits above end with ``TransportTimeoutError`` after
+``ALLREDUCE_TIMEOUT``. :func:`silent_peer` reads which rank such an error
+waited for; :data:`wait_hook` lets the elastic layer stamp "this rank is
+waiting, not hung" from every check (``allreduce/elastic/heartbeat.py``
+evicts the silent one). :attr:`Liveness.peers` is every rank's host, pid
+and start time, so a survivor can name the process to evict.
+
 Cost: ~0.4 us per check, made only in waits that already lasted past their
 spin, at most every 10 ms; none at all without ``--elastic`` (the
 transport then has no ``Liveness``). The runtime's notice arrived in
@@ -34,18 +42,48 @@ transport then has no ``Liveness``). The runtime's notice arrived in
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
+from typing import Callable
 
 from mpi4py import MPI   # import allreduce.transport.mpi before this module: it sets Open MPI's defaults
 
-from ..errors import PeerLostError
+from ..errors import PeerLostError, TransportTimeoutError
 
-__all__ = ["Liveness", "raise_if_lost", "is_peer_failure", "failed_ranks", "INTERVAL"]
+__all__ = ["Liveness", "raise_if_lost", "is_peer_failure", "failed_ranks", "silent_peer", "start_time",
+           "INTERVAL", "wait_hook"]
 
 INTERVAL = 0.01          #: seconds between two checks of one slow wait
 _ULFM_CLASSES = frozenset(getattr(MPI, name) for name in
                           ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, name))
+
+
+#: Called (no arguments) by every check of a slow wait: the elastic heartbeat's "waiting" stamp.
+wait_hook: Callable[[], None] | None = None
+_WAITED_FOR = re.compile(r"waiting (?:to|for) (?:[a-z]+ )*?rank (\d+)")
+
+
+def silent_peer(exc: BaseException) -> int | None:
+    """The rank a ``TransportTimeoutError`` (``exc``, or what it was raised from) waited for; None
+    if ``exc`` is no transport timeout. Every wait of the transports names its peer this way."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, TransportTimeoutError):
+            match = _WAITED_FOR.search(str(exc))
+            return int(match.group(1)) if match else -1
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def start_time(pid: int) -> int:
+    """The start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22):
+    with the pid, it names one process for good (a pid alone may be reused). 0 if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -115,8 +153,9 @@ class Liveness:
         # Peers on this host, by pid: a second witness, for when MPI's notice is late (it was
         # once, by more than 30 s, in an engine thread under load: tests/test_elastic.py).
         host = socket.gethostname()
-        self._pids = [(r, pid) for r, (h, pid) in enumerate(comm.allgather((host, os.getpid())))
-                      if h == host and r != rank]
+        #: (host, pid, start time) of every rank of the communicator, in rank order
+        self.peers: list[tuple[str, int, int]] = comm.allgather((host, os.getpid(), start_time(os.getpid())))
+        self._pids = [(r, pid) for r, (h, pid, _) in enumerate(self.peers) if h == host and r != rank]
 
     def check(self, what: str = "waited for a peer") -> None:
         """Raise ``PeerLostError`` if a rank of the communicator is known dead (rate-limited)."""
@@ -124,6 +163,8 @@ class Liveness:
         if now < self._next:
             return
         self._next = now + self.interval
+        if wait_hook is not None:
+            wait_hook()
         self.poll(what)
 
     def progress(self) -> None:

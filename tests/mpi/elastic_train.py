@@ -17,6 +17,10 @@ SIGKILLs itself at that step, in that phase:
 * ``sync``: inside ``state.sync()``: step ``-1`` the first one after a recovery
   (shrink), step ``-2`` the first one after a regrow (where the replacements get
   the state; a replacement named here dies in its very first sync).
+* ``hang``: stops itself with SIGSTOP while computing its gradient, for good:
+  alive but silent (allreduce/elastic/heartbeat.py evicts it);
+* ``slow``: stops itself with SIGSTOP and a helper process sends SIGCONT
+  ``ELASTIC_SLOW_SECONDS`` (2) later: slow, not hung (it must not be evicted);
 * ``spawn``: 0.2 s after the commit at that step, while the parents wait in
   ``MPI_Comm_spawn`` for a replacement (only at a commit that regrows).
 
@@ -27,6 +31,11 @@ recover as after a death), in one of three phases:
 * ``compute``: while computing its gradient;
 * ``collective``: between two collectives, while its peers wait in the engine's;
 * ``commit``: half-way through ``state.commit()``.
+
+``ELASTIC_RESET_RAISES`` lists ``name@n``: that process raises ``RuntimeError``
+inside its n-th reset callback (1: the first recovery it lives through).
+Rank 0 prints ``RESUMED <size> <time>`` when the first step after each reset
+is done (tests/test_elastic_hang.py times hang -> first step after the eviction).
 
 ``ELASTIC_JOIN_DIE=<path>``: the first replacement (the one that finds no file
 at ``path`` and makes it) SIGKILLs itself before it merges with its parents.
@@ -53,6 +62,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -115,6 +125,19 @@ def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def maybe_stop(step: int) -> None:
+    """``hang``: SIGSTOP for good; ``slow``: SIGSTOP, and SIGCONT from a helper a few seconds later."""
+    phase = KILLS.get((ME, step))
+    if phase not in ("hang", "slow"):
+        return
+    print(f"{phase.upper()} {ME} step {step} at {time.time():.6f}", flush=True)
+    if phase == "slow":
+        pause = float(os.environ.get("ELASTIC_SLOW_SECONDS", "2"))
+        subprocess.Popen(["sh", "-c", f"sleep {pause}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+    print(f"CONTINUED {ME} step {step} at {time.time():.6f}", flush=True)
+
+
 def maybe_raise(step: int, phase: str) -> None:
     if RAISES.get((ME, step)) == phase:
         print(f"RAISE {ME} step {step} {phase} at {time.time():.6f}", flush=True)
@@ -171,7 +194,17 @@ def main() -> None:
     every = int(os.environ.get("ELASTIC_COMMIT_EVERY", "3"))
     state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[], commits=0, in_run=f"r{ME}", rendezvous=0)
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(ar.size())])
+    resumed = [False]
+    raise_at = {int(n) for w, _, n in (item.partition("@") for item in
+                os.environ.get("ELASTIC_RESET_RAISES", "").split(",") if item) if int(w) == ME}
+
+    def on_reset():
+        resets.append(ar.size())
+        resumed[0] = True
+        if len(resets) in raise_at:
+            print(f"RAISE {ME} reset {len(resets)} at {time.time():.6f}", flush=True)
+            raise RuntimeError(f"reset callback raised on name {ME} at reset {len(resets)}")
+    state.register_reset_callbacks([on_reset])
 
     @elastic.run
     def train(state):
@@ -180,6 +213,7 @@ def main() -> None:
             s, rank, size = state.step, ar.rank(), ar.size()
             maybe_die(s, "compute", mid_call=False)
             maybe_raise(s, "compute")
+            maybe_stop(s)
             g = grad(state.w, s, rank, size)
             phase = next((p for (_, at), p in KILLS.items() if at == s), "")   # the same on every rank
             algo = phase if phase in ALGORITHMS else ("rd" if phase == "mailbox" else ALGORITHMS[s % len(ALGORITHMS)])
@@ -196,6 +230,9 @@ def main() -> None:
             state.w, state.v = sgd(state.w, state.v, total[:N], size)
             state.sizes = state.sizes + [size]
             state.step = s + 1
+            if resumed[0] and rank == 0:
+                print(f"RESUMED {size} {time.time():.6f}", flush=True)
+            resumed[0] = False
             if state.step % every == 0:
                 state.commits += 1
                 state.commit()

@@ -1,0 +1,215 @@
+"""Hung, not dead: every process beats; one that stops beating is evicted, and the job goes on.
+
+::
+
+    a table per node, /dev/shm/allreduce-elastic-<job>.beat: one slot per name (world.py)
+        slot = pid, start time, beat, state, waited
+    every process of elastic.run: a daemon thread, every BEAT (0.25 s)
+        1. stamp its beat (CLOCK_MONOTONIC: one clock for every process of a node)
+        2. look at every other rank of its world on this node:
+           no beat for elastic_hang_timeout seconds (and the process still exists)
+             -> one line: "evict rank 1 of 4 (name 1, pid P on H, start T): no heartbeat for 4.1 s ..."
+    allreduce-run --elastic (evict.py) reads it, checks pid + start time, SIGKILLs that process
+    ULFM sees a death -> every survivor's wait raises PeerLostError -> recovery.py, regrow.py
+
+Why: ULFM declares a process failed when its connections close. A stopped
+process (SIGSTOP, a frozen container, a swap storm, a driver stuck with the
+GIL held) keeps them open, so MPI never says anything; the survivors wait
+until ``ALLREDUCE_TIMEOUT``, and then each blamed itself. The heartbeat comes
+from a thread, so it stops only when the whole process stops.
+
+The survivors agree without a message: each reads the same table, so each
+names the same rank; the launcher acts on the first line about a process
+and ignores the repeats. A rank whose own wait timed out (``TransportTimeoutError``:
+a silence the heartbeat does not show, such as a deadlock in user code with the
+GIL free, or a peer on another host) blames the rank it waited for with
+:func:`blame`, unless that rank is itself waiting (its ``waited`` stamp,
+written by every check of a slow wait: :data:`allreduce.transport.liveness.wait_hook`).
+
+The bound is ``elastic_hang_timeout`` (``ALLREDUCE_ELASTIC_HANG_TIMEOUT``; 0, the
+default, means ``timeout``, ``ALLREDUCE_TIMEOUT``, 30 s). Shorter: a faster
+recovery, and a rank that was only slow for longer than the bound is evicted
+(it is killed; the job goes on without it, and regrows under ``--max-np``).
+A process whose own thread did not run for half the bound (the whole node
+stalled) skips one look, so it does not blame peers that stalled with it.
+
+If the process is still there ``FALLBACK`` seconds after a line (no
+``allreduce-run`` read it: plain ``mpirun``), the rank that wrote it SIGKILLs it
+itself, on its own node, after the same pid + start time check.
+
+Cost: one thread per process that wakes 4 times a second and reads a few
+64-byte slots; one float written per check of a slow wait.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+
+from ..transport import liveness
+from . import world
+from .evict import start_time, table_path
+from .launch import MARK
+
+__all__ = ["start", "finish", "blame", "suspects", "table_path", "BEAT", "FALLBACK"]
+
+BEAT = 0.25            #: seconds between two beats (and two looks)
+FALLBACK = 5.0         #: seconds after a line before the reporting rank kills the process itself
+SLOTS = 4096           #: names a job may use (a start world and its replacements)
+_WORDS = 8             #: float64 words per slot (64 bytes: one cache line)
+PID, START, BEAT_AT, STATE, WAITED = range(5)
+LIVE, DONE = 1.0, 2.0
+
+_table: np.ndarray | None = None
+_me = -1
+_bound = 0.0
+_reported: dict[int, tuple[int, int, float]] = {}     # name -> (pid, start, when) of lines written
+_thread: threading.Thread | None = None
+
+
+def _open() -> np.ndarray:
+    fd = os.open(table_path(), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        size = SLOTS * _WORDS * 8
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)                   # zeros; two processes doing it at once is harmless
+        return np.frombuffer(mmap.mmap(fd, size), dtype=np.float64).reshape(SLOTS, _WORDS)
+    finally:
+        os.close(fd)
+
+
+def start(bound: float) -> None:
+    """Start beating (idempotent: the first ``elastic.run`` of the process starts the thread)."""
+    global _table, _me, _bound, _thread
+    _bound = bound
+    if _thread is not None:
+        return
+    _me = world.name()
+    if _me >= SLOTS:
+        return                                      # more names than slots: this process is not watched
+    _table = _open()
+    slot = _table[_me]
+    slot[PID], slot[START], slot[BEAT_AT] = os.getpid(), start_time(os.getpid()), time.monotonic()
+    slot[STATE] = LIVE
+    liveness.wait_hook = _waiting
+    _thread = threading.Thread(target=_run, name="allreduce-elastic-heartbeat", daemon=True)
+    _thread.start()
+
+
+def finish() -> None:
+    """This process is done with the job (finished, or leaving): nobody waits for its beat."""
+    if _table is not None and _me >= 0:
+        _table[_me][STATE] = DONE
+
+
+def _waiting() -> None:
+    _table[_me][WAITED] = time.monotonic()
+
+
+def _run() -> None:
+    last = time.monotonic()
+    while True:
+        time.sleep(BEAT)
+        now = time.monotonic()
+        _table[_me][BEAT_AT] = now
+        if now - last < _bound / 2:                 # else this process stalled too: look next time
+            for name, silent in suspects(now):
+                _report(name, _stale_why(silent))
+        _fall_back(now)
+        last = now
+
+
+def suspects(now: float | None = None) -> list[tuple[int, float]]:
+    """``(name, seconds silent)`` of every rank of this process's world, on this node, whose process
+    exists and has not beaten for the bound."""
+    if _table is None or not _bound > 0:
+        return []
+    now = time.monotonic() if now is None else now
+    found = []
+    for name in world.names():
+        if name == _me or not 0 <= name < SLOTS:
+            continue
+        slot = _table[name]
+        if slot[STATE] != LIVE or now - slot[BEAT_AT] < _bound:
+            continue
+        if start_time(int(slot[PID])) == int(slot[START]):     # still there (a dead one is ULFM's)
+            found.append((name, now - slot[BEAT_AT]))
+    return found
+
+
+def blame(peer: int, exc: BaseException) -> list[int]:
+    """This rank's wait for rank ``peer`` timed out (``exc``): name the silent rank(s) for eviction.
+
+    Returns:
+        The names reported: the node's silent ranks if any; else ``peer``'s, unless the table shows
+        it waiting itself (then the culprit is further along, and a rank nearer to it reports it).
+    """
+    stale = suspects()
+    for name, silent in stale:
+        _report(name, _stale_why(silent))
+    if stale:
+        return [name for name, _ in stale]
+    names = world.names()
+    if not 0 <= peer < len(names):
+        return []
+    name = names[peer]
+    if _table is not None and name < SLOTS and _table[name][STATE] == LIVE \
+            and time.monotonic() - _table[name][WAITED] < 2.0:
+        return []                                   # it waits too: not the one that went silent
+    from .. import api
+    timeout = api.communicator().config.timeout if api.is_initialized() else 0.0
+    _report(name, f"did not answer for {timeout:g} s (ALLREDUCE_TIMEOUT: {type(exc).__name__} waiting for it)")
+    return [name]
+
+
+def _stale_why(silent: float) -> str:
+    return (f"no heartbeat for {silent:.1f} s (stopped, hung or swapping; the bound is elastic_hang_timeout, "
+            f"{_bound:g} s, ALLREDUCE_ELASTIC_HANG_TIMEOUT)")
+
+
+def _report(name: int, why: str) -> None:
+    if name in _reported:
+        return
+    names = world.names()
+    if name not in names:
+        return
+    rank = names.index(name)
+    host, pid, start_ = _where(name, rank)
+    if pid <= 0:
+        return
+    _reported[name] = (pid, start_, time.monotonic())
+    me = names.index(_me) if _me in names else -1
+    # os.write: the main thread may hold sys.stderr's lock (it may be the one stuck)
+    os.write(2, (f"{MARK} evict rank {rank} of {len(names)} (name {name}, pid {pid} on {host}, start {start_}): "
+                 f"{why}; seen by rank {me} (name {_me})\n").encode())
+
+
+def _where(name: int, rank: int) -> tuple[str, int, int]:
+    """Host, pid and start time of rank ``rank`` (name ``name``): the node's table, else the transport's
+    allgather (a rank on another host)."""
+    if _table is not None and name < SLOTS and _table[name][STATE] == LIVE and _table[name][PID] > 0:
+        return socket.gethostname(), int(_table[name][PID]), int(_table[name][START])
+    from .. import api
+    if api.is_initialized():
+        peers = getattr(api.communicator().transport.liveness, "peers", None)
+        if peers and rank < len(peers):
+            return peers[rank]
+    return "", 0, 0
+
+
+def _fall_back(now: float) -> None:
+    """Kill what the launcher did not, FALLBACK s after the line (same node only: pid + start time)."""
+    for name, (pid, start_, when) in list(_reported.items()):
+        if now - when >= FALLBACK and start_time(pid) == start_ and start_:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.write(2, f"{MARK} rank (name {_me}) SIGKILLed name {name} (pid {pid}) itself: no launcher "
+                            f"evicted it within {FALLBACK:g} s\n".encode())
+            except OSError:
+                pass
+            _reported[name] = (pid, 0, when)
