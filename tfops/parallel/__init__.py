@@ -1,0 +1,11 @@
+"""tfops.parallel: model parallelism for Keras 3 on TensorFlow (issue 42 onwards).
+
+``Mesh`` (:mod:`.mesh`) lays the ranks out on tensor, data and pipeline axes and owns each axis's
+process sets; layers and schedules take a mesh, and nothing else knows how ranks map to axes.
+"""
+from __future__ import annotations
+
+from .errors import MeshError, MismatchError, ShapeError
+from .mesh import Mesh
+
+__all__ = ["Mesh", "MeshError", "ShapeError", "MismatchError"]
