@@ -20,6 +20,10 @@ P = 2, 3, 4. Each rank trains on its own seeded batches. Checks:
 4. Bad input raises on every rank: a different model on the last rank (MismatchError before any
    step), Adafactor / Muon / LARS (TypeError naming them), gradients of a DistributedGradientTape,
    eager and in a tf.function (ValueError).
+5. At -np 4, ``process_set=``: two sets of 2 ranks, each trains its own data (stage 1 Adam with
+   global_clipnorm eagerly, stage 2 Lamb in a tf.function: the norms' allreduce runs over the set
+   too) and equals DistributedOptimizer(process_set=) over its set; the sets differ from each
+   other; a rank outside the set gets ValueError naming it; a list instead of a set, TypeError.
 Prints "rank R: sharding_check OK" at the end.
 """
 import os
@@ -204,5 +208,31 @@ for how, run in [("tf.function", tape_step), ("eager", tape_step.python_function
         raise AssertionError(f"DistributedGradientTape's gradients did not raise ({how})")
     except ValueError as e:
         assert "DistributedGradientTape" in str(e), str(e)
+# 5. process_set= (-np 4 only: two data-parallel groups of 2, as a Mesh's data_set) -------------
+if p == 4:
+    groups = [tfops.add_process_set([0, 1]), tfops.add_process_set([2, 3])]    # every rank, same order
+    mine, other = groups[me // 2], groups[1 - me // 2]
+    for name, stage, graph in (("Adam global_clipnorm", 1, False), ("Lamb", 2, True)):
+        make = dict(OPTIMIZERS)[name]
+        want = train(hvd.DistributedOptimizer(make(), process_set=mine), Tiny(), graph)
+        opt = tfops.ShardedOptimizer(make(), stage=stage, bucket_bytes=64, process_set=mine)
+        got = train(opt, Tiny(), graph)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=f"rank {me}: {name} over {mine}")
+        assert opt._shards[0].per_rank in (58 // 2, 58 // 2 + 1), f"rank {me}: not sharded over the set's 2 ranks"
+        everyone = hvd.allgather_object(got.tobytes())
+        assert everyone[me ^ 1] == everyone[me], f"rank {me}: {name}: the other rank of {mine} differs"
+        assert everyone[(me + 2) % 4] != everyone[me], f"rank {me}: {name}: the two sets trained alike"
+    try:
+        tfops.ShardedOptimizer(K.SGD(0.1), process_set=other).build(Tiny().trainable_variables)
+        raise AssertionError(f"rank {me}: building over a set it is not in did not raise")
+    except ValueError as e:
+        assert f"rank {me}" in str(e) and "not in" in str(e), str(e)
+    try:
+        tfops.ShardedOptimizer(K.SGD(0.1), process_set=[0, 1])
+        raise AssertionError(f"rank {me}: a list as process_set did not raise")
+    except TypeError as e:
+        assert "ProcessSet" in str(e), str(e)
+    print(f"rank {me}: process_set= over {mine}: equal to DistributedOptimizer over the set (stage 1 eager, "
+          "stage 2 tf.function)", flush=True)
 print(f"rank {me}: sharding_check OK", flush=True)
 hvd.shutdown()

@@ -16,6 +16,9 @@ does; the allgathers come after the optimizer step, which needs every bucket. A 
 call goes through :func:`tfops.ops.in_step` (the engine's out-of-step check); every call through
 ``Communicator.check_agreement`` (same collective, count and dtype on every rank, else
 ``MismatchError`` on every rank).
+
+Every call takes the communicator it runs on (``comm``): the world's, or a process set's
+(:func:`communicator_of`), whose ranks and size are then the set's own.
 """
 from __future__ import annotations
 
@@ -31,12 +34,14 @@ from allreduce.algorithms.allgather import allgatherv
 from allreduce.algorithms.reducescatter import reducescatter as _ring_reducescatter
 from allreduce.buffers import aligned_empty
 from allreduce.ops import dtype_code
+from allreduce.process_sets import ProcessSet
 
 from ..errors import MismatchError, tf_typed
 from ..collectives.dispatch import in_step
 from .layout import Bucket, Segment, Shard
 
-__all__ = ["IN_FLIGHT_BYTES", "ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allreduce_sum", "check_same_model"]
+__all__ = ["IN_FLIGHT_BYTES", "ReduceScatters", "reducescatter_bucket", "allgather_bucket", "allreduce_sum",
+           "check_same_model", "check_process_set", "communicator_of"]
 
 
 IN_FLIGHT_BYTES = 4 << 20
@@ -45,6 +50,23 @@ bucket larger than this goes alone). Past it the next bucket's hand-over waits, 
 backprop that only later buckets need (:func:`tfops.overlap._submit_first`): without the bound a
 ring slower than backprop could keep every gradient waiting until the step's end, as much as
 stage 1 holds (BENCHMARKS.md "Sharding")."""
+
+
+def check_process_set(process_set):
+    """``process_set`` if it is None or a :class:`tfops.ProcessSet`, else ``TypeError``."""
+    if process_set is not None and not isinstance(process_set, ProcessSet):
+        raise TypeError(f"ShardedOptimizer: process_set must be a tfops.ProcessSet (or None for every rank), got "
+                        f"{type(process_set).__name__}")
+    return process_set
+
+
+def communicator_of(process_set):
+    """The communicator of ``process_set`` (None or the global set: the world's). A set that is not
+    registered, or a rank outside it, raises ``allreduce.InvalidArgumentError`` (a ``ValueError``)
+    naming the rank and the set."""
+    if process_set is None or process_set.process_set_id == 0:
+        return ar.communicator()
+    return process_set.communicator
 
 
 class ReduceScatters:
@@ -73,8 +95,8 @@ class ReduceScatters:
 
     _worker: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def __init__(self, shards: list[Shard], *, in_flight_bytes: int | None = None):
-        self._shards = shards
+    def __init__(self, shards: list[Shard], *, comm, in_flight_bytes: int | None = None):
+        self._shards, self._comm = shards, comm
         self._pending: list[concurrent.futures.Future] = []
         self._slices: dict[int, np.ndarray] = {}
         self._limit = in_flight_bytes
@@ -112,7 +134,7 @@ class ReduceScatters:
                 buf = pack[:n]
                 self._pack(arrays, shard, bucket, buf)
             at = shard.piece_at[b]
-            out = self._slice(k)[at:at + bucket.counts[ar.rank()]]   # the ring writes its result in place
+            out = self._slice(k)[at:at + bucket.counts[self._comm.rank]]   # the ring writes its result in place
         except BaseException:
             self._release(nbytes)                        # else the next step's hand-over would wait forever
             raise
@@ -120,7 +142,7 @@ class ReduceScatters:
 
         def ring():
             try:
-                reducescatter_bucket(hold.pop(), bucket, out, first=first, keep_input=keep)
+                reducescatter_bucket(hold.pop(), bucket, out, comm=self._comm, first=first, keep_input=keep)
             finally:
                 if pack is not None:
                     self._packs[k].append(pack)
@@ -169,28 +191,29 @@ class ReduceScatters:
             self._room.notify_all()
 
 
-def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, out: np.ndarray, *, first: bool = False,
+def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, out: np.ndarray, *, comm=None, first: bool = False,
                          keep_input: bool = False) -> np.ndarray:
     """Average ``buf`` (a bucket laid out flat) over the ranks into ``out`` (this rank's piece,
     ``bucket.counts[rank]`` elements), which it returns. ``buf`` is
     overwritten by the ring unless ``keep_input``. ``first``: the step's first collective, which
     meets the other ranks through :func:`tfops.ops.in_step`; the step's later ones follow in the
-    same order on every rank (one rendezvous a step, not one per bucket: ~0.1 ms each)."""
-    comm = ar.communicator()
+    same order on every rank (one rendezvous a step, not one per bucket: ~0.1 ms each). ``comm``:
+    the communicator (default the world's)."""
+    comm = comm or ar.communicator()
 
     def run():
         comm.check_agreement("reducescatter", count=buf.size, dtype=dtype_code(buf.dtype), op=int(ar.Average))
         _ring_reducescatter(comm.transport, buf, out, bucket.counts, ar.Average, workspace=comm.workspace,
                             keep_input=keep_input)
-    in_step(run)() if first else run()
+    in_step(run, comm)() if first else run()
     return out
 
 
-def allgather_bucket(mine: np.ndarray, shard: Shard, bucket: Bucket) -> list[np.ndarray]:
+def allgather_bucket(mine: np.ndarray, shard: Shard, bucket: Bucket, *, comm=None) -> list[np.ndarray]:
     """Every rank's part of ``bucket`` (``mine``: this rank's ``counts[rank]`` updated elements), laid
     end to end: the bucket's variables, flat, in ``bucket.vars`` order. One bucket at a time, so
     the whole model is never held twice."""
-    comm = ar.communicator()
+    comm = comm or ar.communicator()
     out = aligned_empty(bucket.stop - bucket.start, mine.dtype)   # aligned: TF takes it without a copy
     if comm.size == 1:
         out[:] = mine
@@ -201,10 +224,13 @@ def allgather_bucket(mine: np.ndarray, shard: Shard, bucket: Bucket) -> list[np.
             for k in (shard.vars.index(v) for v in bucket.vars)]
 
 
-def allreduce_sum(x: tf.Tensor) -> tf.Tensor:
-    """Sum the small float vector ``x`` (partial squared norms) over the ranks, as a TF op."""
+def allreduce_sum(x: tf.Tensor, *, comm=None) -> tf.Tensor:
+    """Sum the small float vector ``x`` (partial squared norms) over the ranks of ``comm`` (default
+    the world's), as a TF op."""
+    comm = comm or ar.communicator()
+
     def run(a):
-        return ar.communicator().allreduce(a, ar.Sum) if ar.size() > 1 else a   # after the reduce-scatters
+        return comm.allreduce(a, ar.Sum) if comm.size > 1 else a   # after the reduce-scatters
     y = tf.numpy_function(tf_typed(run), [x], x.dtype, stateful=True, name="tfops_shard_norms")
     y.set_shape(x.shape)
     return y
@@ -215,18 +241,20 @@ def _fingerprint(variables) -> tuple[str, list]:
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16], rows
 
 
-def check_same_model(variables, what: str) -> None:
+def check_same_model(variables, what: str, *, comm=None) -> None:
     """Raise ``MismatchError`` on every rank unless every rank passes the same (name, shape, dtype)
     list, in the same order: a shard is a range of the flat vector, so any difference would mix
-    one rank's weights into another's variables."""
-    if ar.size() == 1:
+    one rank's weights into another's variables. ``comm``: the ranks compared (default the world);
+    ranks are named by their index in it."""
+    comm = comm or ar.communicator()
+    if comm.size == 1:
         return
     digest, rows = _fingerprint(variables)
-    everyone = ar.allgather_object(digest)
+    everyone = comm.allgather_object(digest)
     bad = [r for r, d in enumerate(everyone) if d != everyone[0]]
     if not bad:
         return
-    table = ar.allgather_object(rows)                  # only on a mismatch: name the first difference
+    table = comm.allgather_object(rows)                # only on a mismatch: name the first difference
 
     def first_difference(r: int) -> str:
         mine, ref = table[r], table[0]

@@ -19,10 +19,12 @@ __all__ = ["SegmentLamb"]
 
 class SegmentLamb(keras.optimizers.Lamb):
     """``keras.optimizers.Lamb`` whose variables are segments; ``owners[k]`` is the model variable
-    that segment k belongs to and ``n_vars`` the model's count (set before the first step)."""
+    that segment k belongs to, ``n_vars`` the model's count and ``comm`` the shards' communicator
+    (set before the first step)."""
 
     owners: list[int] = []
     n_vars: int = 0
+    comm = None
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         updates = []
@@ -40,7 +42,7 @@ class SegmentLamb(keras.optimizers.Lamb):
             v_sqrt = tf.sqrt(v / (1.0 - beta_2_power)) + self.epsilon
             updates.append((variable, lr, m_t_hat / v_sqrt))
         w_sq, u_sq = squared_norms([[tf.convert_to_tensor(w) for w, _, _ in updates],
-                                    [u for _, _, u in updates]], self.owners, self.n_vars)
+                                    [u for _, _, u in updates]], self.owners, self.n_vars, comm=self.comm)
         for (variable, lr, update), owner in zip(updates, self.owners):
             w_norm = tf.cast(tf.sqrt(w_sq[owner]), variable.dtype)
             g_norm = tf.cast(tf.sqrt(u_sq[owner]), variable.dtype)

@@ -17,10 +17,11 @@ from .exchange import allreduce_sum
 __all__ = ["squared_norms", "clip_segments"]
 
 
-def squared_norms(parts: list[list[tf.Tensor]], owners: list[int], n_vars: int) -> list[tf.Tensor]:
+def squared_norms(parts: list[list[tf.Tensor]], owners: list[int], n_vars: int, *, comm=None) -> list[tf.Tensor]:
     """For each list in ``parts`` (one tensor per segment, segment k a piece of variable
     ``owners[k]``): the squared norm of each whole variable, summed over every rank's pieces.
-    Returns one float32 ``[n_vars]`` tensor per list; all lists go in one allreduce."""
+    Returns one float32 ``[n_vars]`` tensor per list; all lists go in one allreduce over ``comm``
+    (the shards' communicator; default the world's)."""
     vectors = []
     for tensors in parts:
         sums = [tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in tensors]
@@ -28,16 +29,16 @@ def squared_norms(parts: list[list[tf.Tensor]], owners: list[int], n_vars: int) 
         if sums:
             vec = tf.tensor_scatter_nd_add(vec, [[v] for v in owners], tf.stack(sums))
         vectors.append(vec)
-    total = allreduce_sum(tf.concat(vectors, 0))
+    total = allreduce_sum(tf.concat(vectors, 0), comm=comm)
     return [total[i * n_vars:(i + 1) * n_vars] for i in range(len(parts))]
 
 
 def clip_segments(grads: list[tf.Tensor], owners: list[int], n_vars: int, *, clipnorm=None,
-                  global_clipnorm=None) -> list[tf.Tensor]:
+                  global_clipnorm=None, comm=None) -> list[tf.Tensor]:
     """``grads`` (this rank's segments) clipped as Keras clips the whole gradients."""
     if not clipnorm and not global_clipnorm:
         return grads
-    (sq,) = squared_norms([grads], owners, n_vars)
+    (sq,) = squared_norms([grads], owners, n_vars, comm=comm)
     if clipnorm:                                    # tf.clip_by_norm on each whole variable
         out = []
         for g, v in zip(grads, owners):

@@ -78,7 +78,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
     """The wrapper :func:`ShardedOptimizer` returns; ``inner_optimizer`` updates this rank's segments."""
 
     def __init__(self, inner_optimizer, *, stage: int = 2, name=None, bucket_bytes: int | None = None,
-                 clipnorm_of_model=None, global_clipnorm_of_model=None, **_ignored):
+                 clipnorm_of_model=None, global_clipnorm_of_model=None, process_set=None, **_ignored):
         _check_inner(inner_optimizer)
         if stage not in (1, 2):
             raise ValueError(f"ShardedOptimizer stage must be 1 (optimizer states) or 2 (and gradients), got "
@@ -86,6 +86,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or f"Sharded{inner_optimizer.name}")
         self.stage = int(stage)
         self.bucket_bytes = bucket_bytes
+        self.process_set = exchange.check_process_set(process_set)   # None: the world
         # the true norms are taken here, across shards (.norms): the inner optimizer must not clip a shard
         self.shard_clipnorm = clipnorm_of_model if clipnorm_of_model is not None else inner_optimizer.clipnorm
         self.shard_global_clipnorm = (global_clipnorm_of_model if global_clipnorm_of_model is not None
@@ -102,17 +103,22 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
     def build(self, var_list):
         var_list = list(var_list)
         if getattr(self, "_pending_state", None) is None:   # (a replacement joining a world: its peers are built)
-            check_same_model(var_list, "ShardedOptimizer")
+            check_same_model(var_list, "ShardedOptimizer", comm=self._comm())
         self._model_vars = var_list
         inner = self.inner_optimizer
         self._excluded = set(getattr(inner, "_exclude_from_weight_decay", None) or ())   # AdamW's, model keys
         self._lay_out()
         super().build(var_list)
 
+    def _comm(self):
+        """The communicator the shards live on: the world's, or ``process_set``'s (ValueError outside it)."""
+        return exchange.communicator_of(self.process_set)
+
     @tracking.no_automatic_dependency_tracking
     def _lay_out(self) -> None:
         """Segments of this rank (of this world size), the inner optimizer built over them, buffers."""
-        var_list, rank, size = self._model_vars, ar.rank(), ar.size()
+        comm = self._comm()
+        var_list, rank, size = self._model_vars, comm.rank, comm.size
         self._shards = shards(var_list, rank, size, self.bucket_bytes or BUCKET_BYTES)
         for sh in self._shards:                           # a rank with no element would skip the step
             if sh.total < size:
@@ -128,7 +134,7 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         self._load_slices()
         inner = self.inner_optimizer
         if isinstance(inner, SegmentLamb):
-            inner.owners, inner.n_vars = tuple(s.var for s in segs), len(var_list)
+            inner.owners, inner.n_vars, inner.comm = tuple(s.var for s in segs), len(var_list), comm
         if self._excluded:                                # the segments of excluded variables are excluded
             inner._exclude_from_weight_decay = set(self._excluded) | {
                 inner._var_key(sv) for s, sv in zip(segs, self._seg_vars) if inner._var_key(var_list[s.var]) in self._excluded}
@@ -136,8 +142,9 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         inner.build(self._seg_vars)
         # stage 1: one persistent flat gradient buffer (DeepSpeed's); stage 2: a buffer per bucket in flight
         self._buffers = {sh.dtype: np.zeros(sh.total, sh.dtype) for sh in self._shards} if self.stage == 1 else {}
-        self._exchange = ReduceScatters(self._shards, in_flight_bytes=exchange.IN_FLIGHT_BYTES if self.stage == 2 else None)
-        self._laid_out_for, self._state_view = (rank, size), None
+        self._exchange = ReduceScatters(self._shards, comm=comm,
+                                        in_flight_bytes=exchange.IN_FLIGHT_BYTES if self.stage == 2 else None)
+        self._laid_out_for, self._state_view = (ar.rank(), ar.size()), None
 
     def _build_once(self, variables) -> None:
         if not self.built:
@@ -173,7 +180,8 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                              "reduce-scatters them itself: use a plain tf.GradientTape")
         seg_grads = self._reduce_scatter(grads)
         seg_grads = clip_segments(seg_grads, [s.var for s in self._segments], len(self._model_vars),
-                                  clipnorm=self.shard_clipnorm, global_clipnorm=self.shard_global_clipnorm)
+                                  clipnorm=self.shard_clipnorm, global_clipnorm=self.shard_global_clipnorm,
+                                  comm=self._comm())
         self._load_slices()
         self.inner_optimizer.apply(seg_grads, self._seg_vars)
         self._gather_into_model()
@@ -208,12 +216,13 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         return parts
 
     def _gather_into_model(self) -> None:
+        comm = self._comm()
         for sh in self._shards:
             mine = [sv for s, sv in zip(self._segments, self._seg_vars) if s.var in sh.vars]
             flat_mine = tf.concat([tf.convert_to_tensor(v) for v in mine], 0)    # this rank's slice
             for bk, at in zip(sh.buckets, sh.piece_at):   # the same order as the reduce-scatters
-                part = flat_mine[at:at + bk.counts[ar.rank()]]
-                fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk)), [part],
+                part = flat_mine[at:at + bk.counts[comm.rank]]
+                fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk, comm=comm)), [part],
                                           [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")
                 for v, full in zip(bk.vars, _listed(fulls)):
                     self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape))
@@ -285,7 +294,8 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         return cls(inner, **config)
 
 
-def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, bucket_bytes: int | None = None):
+def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, bucket_bytes: int | None = None,
+                     process_set=None):
     """Wrap a Keras 3 optimizer so each rank keeps and updates only its 1/p shard (ZeRO stage 1 or 2).
 
     Use it where :func:`tfops.DistributedOptimizer` goes: ``model.compile(optimizer=...,
@@ -305,6 +315,10 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
         name: the wrapper's name; default ``"Sharded" + optimizer.name``.
         bucket_bytes: gradient bytes per reduce-scatter call (default :data:`BUCKET_BYTES`,
             1 MiB); every rank must pass the same value.
+        process_set: shard over, and reduce over, this registered :class:`tfops.ProcessSet`
+            only (default: every rank), e.g. a ``tfops.parallel.Mesh``'s ``data_set``: each set
+            is its own data-parallel group with its own shards. Only the set's members may
+            build it (``ValueError`` elsewhere). Not kept by ``get_config``: pass it again.
 
     Returns:
         A ``keras.optimizers.Optimizer``. Every rank must build it over the same variables, in
@@ -314,4 +328,5 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
         slots are ``inner_optimizer.variables``. Saving is a collective: every rank calls
         ``model.save`` / ``Checkpoint.write`` (the file holds the whole state, gathered).
     """
-    return ShardedOptimizerWrapper(optimizer, stage=stage, name=name, bucket_bytes=bucket_bytes)
+    return ShardedOptimizerWrapper(optimizer, stage=stage, name=name, bucket_bytes=bucket_bytes,
+                                   process_set=process_set)

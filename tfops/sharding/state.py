@@ -109,11 +109,11 @@ class GatheredState:
         dtype = np.dtype(tf.as_dtype(model_var.dtype).as_numpy_dtype)
         mine = np.asarray(self._slot_vars[(var, slot)].numpy(), dtype) if seg else np.empty(0, dtype)
         out = np.empty(sum(counts), mine.dtype)
-        if ar.size() == 1:
+        comm = self._w._comm()
+        if comm.size == 1:
             out[:] = mine
         else:
-            comm = ar.communicator()
-            in_step(lambda: allgatherv(comm.transport, np.ascontiguousarray(mine), out, counts))()
+            in_step(lambda: allgatherv(comm.transport, np.ascontiguousarray(mine), out, counts), comm)()
         return out.reshape(tuple(model_var.shape))
 
     def scatter(self, var: int, slot: str, value) -> None:
