@@ -160,7 +160,8 @@ class TrainState(elastic.ObjectState):
     def sync(self):
         if KILLS.get((ME, -1)) == "sync" and world.deaths:
             maybe_die(-1, "sync")
-        if KILLS.get((ME, -2)) == "sync" and world.joins:
+        if KILLS.get((ME, -2)) == "sync" and (world.joins or ME >= world.start_size()):   # a replacement:
+            # its first sync (the job's first regrow is not yet in world.joins when it joins)
             maybe_die(-2, "sync")
         super().sync()
 
