@@ -7,5 +7,7 @@ from __future__ import annotations
 
 from .errors import MeshError, MismatchError, ShapeError
 from .mesh import Mesh
+from .pipeline import Pipeline              # issue 43: pipeline parallelism (schedules in allreduce/schedules)
+from .pipeline_model import PipelineModel
 
-__all__ = ["Mesh", "MeshError", "ShapeError", "MismatchError"]
+__all__ = ["Mesh", "Pipeline", "PipelineModel", "MeshError", "ShapeError", "MismatchError"]
