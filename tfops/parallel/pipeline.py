@@ -24,8 +24,9 @@ Steps of :meth:`Pipeline.train_step`:
    apply the optimizer to this rank's chunks, and hand the last stage's loss to every rank.
 
 The forward and backward of every micro-batch appear on the timeline (``ALLREDUCE_TIMELINE`` or
-``tfops.start_timeline``) as FORWARD / BACKWARD spans on the rows ``pipeline chunk c``, and in
-:attr:`Pipeline.events` for the last step.
+``tfops.start_timeline``) as FORWARD / BACKWARD spans on the rows ``pipeline chunk c`` (the
+whole schedule as a SCHEDULE span on the row ``pipeline``), and in :attr:`Pipeline.events` for the last step; :attr:`Pipeline.peak_live`
+counts the most forward tapes (activations) alive at once.
 
 Cost per step and rank: ``m v`` forwards and backwards of a chunk, ``2 m v`` messages each way at
 most, and the bubble ``(p-1)/(v m)`` of the compute (allreduce/schedules/grid.py).
@@ -84,6 +85,7 @@ class Pipeline:
         self.last = self.p * self.v - 1
         self._specs: dict[int, dict] = {}      # micro-batch size -> {(kind, chunk): spec}
         self.events: list[tuple[str, int, int, float, float]] = []   # (F/B/recv, mb, chunk, start, end)
+        self.peak_live = 0                     # the last step's most (micro-batch, chunk) tapes alive
 
     @property
     def trainable_variables(self) -> list:
@@ -103,8 +105,9 @@ class Pipeline:
         specs = self._agree(b, xs[0], ys[0])
         saved, received, grads = {}, {}, [None] * len(self.trainable_variables)
         total = tf.constant(0.0, tf.float32)
-        self.events = []
+        self.events, self.peak_live = [], 0
         tl = self._timeline()
+        begin = time.monotonic()
         for a in self.actions:
             i, c, k = a.micro_batch, a.chunk, self._k(a.chunk)
             t0 = time.monotonic()
@@ -125,6 +128,7 @@ class Pipeline:
                 if k == self.last:
                     total += out
                 saved[(i, c)] = (tape, inp, out)
+                self.peak_live = max(self.peak_live, sum(len(key) == 2 for key in saved))
             elif a.kind == "send_act":
                 out = saved[(i, c)][2]
                 self._check_out(out, specs[("out", c)], i, c)
@@ -148,6 +152,8 @@ class Pipeline:
                             {"micro_batch": i, "model_chunk": k})
         if self.p2p is not None:
             self.p2p.finish()
+        if tl is not None:
+            tl.span("pipeline", "SCHEDULE", begin, time.monotonic(), {"schedule": self.schedule, "m": self.m})
         grads = self._reduce_data(grads)
         optimizer.apply_gradients(zip(grads, self.trainable_variables))
         return self._mean_loss(total)
