@@ -206,7 +206,10 @@ class Pipeline:
         """Run chunk ``c`` once on zeros of ``spec`` (builds it), check its declared input; its output spec."""
         code, shape = spec
         dtype = tf.as_dtype(code)
-        declared = getattr(self.chunks[c], "inputs", None)
+        try:
+            declared = self.chunks[c].inputs           # a functional or Sequential model's Input
+        except (AttributeError, ValueError):           # a subclassed model declares none
+            declared = None
         if declared:
             want = declared[0]
             dims = tuple(want.shape)
