@@ -8,6 +8,7 @@
     python benchmarks/sharding_bench.py --part time       # step time against DistributedOptimizer, -np 2
     python benchmarks/sharding_bench.py --part cluster    # the same on the 1 Gbit/s namespace cluster, 2 x 1 (root)
     python benchmarks/sharding_bench.py --write           # the "## Sharding" section of BENCHMARKS.md
+    python benchmarks/sharding_bench.py                   # measures nothing: re-renders the recorded rows
 
 Each part launches ``allreduce-run -np P python benchmarks/sharding_bench.py --worker ...``; the
 ranks print one JSON line each, kept in benchmarks/results/sharding.json (a part re-run
@@ -334,6 +335,9 @@ def main(argv=None) -> int:
                        "note": f"; {args.note}" if args.note else ""}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(saved, indent=1))
+    if not args.part:               # nothing measured now: say so, before the recorded commands and times
+        print(f"# nothing measured: this re-renders the recorded run in {RESULTS.relative_to(ROOT)} (each "
+              "part's command and when it ran are below; measure again with --part NAME)")
     print(render(saved))
     if args.write:
         write_page(saved)
