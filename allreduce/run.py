@@ -19,8 +19,9 @@ no system MPI is needed), and adds what a user would otherwise look up:
 
 Across hosts it relies on mpirun's own host handling (``-H``,
 ``--hostfile``). ``--elastic [--min-np M] [--max-np K] [--reset-limit N]`` starts a job that
-survives the death of ranks, and ranks whose training function raises (Open MPI's ULFM;
-allreduce/elastic/launch.py).
+survives the death of ranks, ranks whose training function raises, and ranks that hang
+(Open MPI's ULFM; allreduce/elastic/launch.py): a rank the others name as silent is
+SIGKILLed here, by pid (allreduce/elastic/evict.py).
 ``--cluster`` launches over the namespace hosts of
 ``allreduce-cluster up`` (allreduce/cluster/): ranks spread evenly, each
 host on its own cores. ``--dry-run`` prints the mpirun command instead of running it.

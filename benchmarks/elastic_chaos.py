@@ -143,7 +143,7 @@ def check(np_: int, faults, result: subprocess.CompletedProcess) -> tuple[list[d
             problems.append(f"the {kind} of name {name} was never noticed")
             continue
         if not re.search(rf"(\(name {name}\) failed with|\(name {name}, pid \d+ on \S+\) with SIGKILL|"
-                         rf"rank\(s\) {name} died)", summary):
+                         rf"rank\(s\) (\d+, )*{name}(, \d+)* died)", summary):
             problems.append(f"the summary does not name {name}")
         detect = (noticed[name] - _day(at)) % 86400
         first = next((t - at for s, t in resumed if t > at and s < np_), None)

@@ -10,8 +10,9 @@ each with a short hang bound (``ALLREDUCE_ELASTIC_HANG_TIMEOUT``) so the suite d
   launcher's last line with why and after how long; the slow one is not; the first step after
   the eviction comes within the bound + 5 s of the hang.
 * -np 3: a hang (timed the same way), then faults in the middle of recoveries: the replacement
-  dies inside its first sync, and a survivor raises inside a reset callback. Each recovers; the
-  job finishes at 3 with the replayed state.
+  dies inside its first sync; in that recovery a survivor stops (SIGSTOP) inside
+  ``MPI_Comm_shrink`` and is evicted there; rank 0 raises inside a reset callback. Each
+  recovers; the job finishes at 3 with the replayed state.
 """
 from __future__ import annotations
 
@@ -31,10 +32,11 @@ SLACK = 5.0             # the issue's goal: hang -> first step after the evictio
 TIMEOUT = 300.0
 
 
-def _launch(np_: int, env: dict) -> subprocess.CompletedProcess:
+def _launch(np_: int, env: dict, *, max_np: int | None = None) -> subprocess.CompletedProcess:
     full = mpi_env()
     full.update({"ALLREDUCE_ELASTIC_HANG_TIMEOUT": f"{BOUND:g}", "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "30", **env})
-    cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), "--max-np", str(np_),
+    grow = ["--max-np", str(np_ if max_np is None else max_np)] if max_np != 0 else []
+    cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), *grow,
            sys.executable, str(MPI_SCRIPTS / "elastic_train.py")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
                             start_new_session=True)
@@ -55,17 +57,17 @@ def _summary(stderr: str) -> str:
     return lines[-1]
 
 
-def _assert_evicted(summary: str, name: int) -> None:
+def _assert_evicted(summary: str, name: int, *, count: int = 1) -> None:
     """The launcher's last line names the evicted rank both ways (rank now, name), why, and after how long."""
     found = re.search(rf"evicted rank \d+ of \d+ \(name {name}, pid \d+ on \S+\) with SIGKILL: no heartbeat for "
                       r"([\d.]+) s \(stopped, hung or swapping; the bound is elastic_hang_timeout, ", summary)
     assert found, summary
     assert BOUND <= float(found.group(1)) < BOUND + 2, summary
-    assert len(re.findall(r"evicted rank", summary)) == 1, summary
+    assert len(re.findall(r"evicted rank", summary)) == count, summary
 
 
 def _hang_to_first_step(stdout: str) -> float:
-    hang = float(re.search(r"^HANG \d+ step \d+ at ([\d.]+)$", stdout, re.M).group(1))
+    hang = float(re.search(r"^HANG \d+ step \d+ at ([\d.]+)$", stdout, re.M).group(1))     # the first hang
     after = [float(t) for t in re.findall(r"^RESUMED \d+ ([\d.]+)$", stdout, re.M) if float(t) > hang]
     assert after, stdout[-3000:]
     return after[0] - hang
@@ -95,26 +97,46 @@ def test_chaos_cycle_kill_raise_hang_and_a_slow_rank_at_np_4():
         assert stray not in result.stderr
 
 
-def test_hang_at_np_3_then_a_death_in_the_first_sync_and_a_raise_in_a_reset_callback():
-    # name 2 hangs at step 3 (evicted); replacement 3 dies in its first sync; name 1 raises inside its
-    # third reset callback (the recovery from 3's death); name 0 alone grows back to 3 (names 4, 5)
-    result = _launch(3, {"ELASTIC_KILLS": "2@3:hang,3@-2:sync", "ELASTIC_RESET_RAISES": "1@3",
-                         "ELASTIC_STEPS": "12"})
+def test_hang_at_np_3_then_faults_inside_recoveries():
+    # name 2 hangs at step 3 (evicted); replacement 3 dies inside its first sync; in that recovery
+    # name 1 stops (SIGSTOP) as it enters MPI_Comm_shrink (evicted there); name 0, alone, grows
+    # back (names 4, 5) and raises inside that regrow's reset callback (its 4th); 4 and 5 recover
+    # without it and grow back to 3 (name 6)
+    result = _launch(3, {"ELASTIC_KILLS": "2@3:hang,3@-2:sync", "ELASTIC_STOP_IN": "1:MPI_Comm_shrink:2",
+                         "ELASTIC_RESET_RAISES": "0@4", "ELASTIC_STEPS": "15"})
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]
     summary = _summary(result.stderr)
-    _assert_evicted(summary, 2)
+    _assert_evicted(summary, 2, count=2)
+    _assert_evicted(summary, 1, count=2)
     assert _hang_to_first_step(result.stdout) <= BOUND + SLACK
-    assert "RAISE 1 reset 3" in result.stdout, text[-3000:]
-    assert re.search(r"rank \d of \d \(name 1\) failed with RuntimeError: reset callback raised on name 1 at reset 3",
+    assert "HANG 1 in MPI_Comm_shrink" in result.stdout and "RAISE 0 reset 4" in result.stdout, text[-3000:]
+    assert re.search(r"rank 0 of 3 \(name 0\) failed with RuntimeError: reset callback raised on name 0 at reset 4",
                      summary), summary
-    for name in (2, 3, 1):
-        assert f"rank(s) {name} died at" in summary, summary
+    died = sorted(int(n) for names in re.findall(r"rank\(s\) ([\d, ]+) died at", summary) for n in names.split(", "))
+    assert died == [0, 1, 2, 3], summary                           # 1 and 3 in one shrink
     assert summary.startswith("allreduce-run: elastic job finished with 3 of 3 ranks"), summary
     finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", result.stdout, re.M)
-    assert sorted(int(f[0]) for f in finals) == [0, 4, 5] and len({f[1:] for f in finals}) == 1, text[-4000:]
+    assert sorted(int(f[0]) for f in finals) == [4, 5, 6] and len({f[1:] for f in finals}) == 1, text[-4000:]
     sizes = [int(n) for n in finals[0][4].split(",")]
     w, v = elastic_chaos.replay(sizes)
+    assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4], "state differs from the replay"
+
+
+def test_a_wait_that_times_out_blames_the_silent_peer_not_the_waiting_rank():
+    # -np 2: name 1 sleeps for good in its loop (its heartbeat thread runs on: only the wait sees it).
+    # Before issue 45 the waiting rank 0 raised TransportTimeoutError and left the job.
+    result = _launch(2, {"ELASTIC_KILLS": "1@2:deadlock", "ELASTIC_STEPS": "6", "ALLREDUCE_TIMEOUT": "5"},
+                     max_np=0)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-5000:]
+    summary = _summary(result.stderr)
+    assert re.search(r"evicted rank 1 of 2 \(name 1, pid \d+ on \S+\) with SIGKILL: did not answer for 5 s "
+                     r"\(ALLREDUCE_TIMEOUT: TransportTimeoutError waiting for it\)", summary), summary
+    assert summary.startswith("allreduce-run: elastic job finished with 1 of 2 ranks"), summary
+    finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", result.stdout, re.M)
+    assert [f[0] for f in finals] == ["0"], text[-3000:]
+    w, v = elastic_chaos.replay([int(n) for n in finals[0][4].split(",")])
     assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4], "state differs from the replay"
 
 

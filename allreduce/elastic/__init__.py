@@ -28,6 +28,9 @@ Horovod's elastic API on plain MPI (Open MPI's ULFM), started with
   and :func:`run` spawns replacements that get the state by ``sync``.
 * :mod:`.failure`: a rank whose training function raises leaves the job (the
   others recover as after a death); ``--reset-limit`` ends the job.
+* :mod:`.heartbeat`: a rank that is alive but silent (stopped, hung) stops
+  beating; the others name it, and the launcher evicts it (:mod:`.evict`: SIGKILL
+  by pid); then it is a death like any other.
 * :mod:`.world`: who is in the world as it shrinks and grows (names, sizes).
 * :mod:`.launch`: what ``allreduce-run --elastic`` adds to the mpirun command and
   how it summarises the job.

@@ -25,9 +25,15 @@ the default, no limit), ``ALLREDUCE_SHM_P2P=1`` and
   raised leaves the job with exit status 1 (:mod:`.failure`); by default Open MPI's
   runtime then ends every other rank, even under ULFM (by hand, 5.0.11).
 
+``ALLREDUCE_ELASTIC_JOB`` (a key of this launch) names the heartbeat table of
+the job on each node (:mod:`.heartbeat`); the launcher removes its own host's at
+the end. An ``evict`` line from a rank makes the launcher SIGKILL that process
+at once (:mod:`.evict`, called from ``run.py``'s relay of mpirun's stderr).
+
 The ranks write ``allreduce-elastic:`` lines to stderr (:func:`say`; :mod:`.recovery`,
 :mod:`.regrow`, :mod:`.watchdog`, :mod:`.failure`); the launcher relays them and ends with one summary
-line: which ranks raised (with their exception's first line), which died, when, which joined, and the
+line: which ranks raised (with their exception's first line), which were evicted (why, after how long),
+which died, when, which joined, and the
 size the job finished at. It exits 0 when the job finished, even though ranks raised or died on the
 way, and non-zero when it fell below ``--min-np`` (3), a rank was stuck inside Open MPI past
 ``elastic_recovery_timeout`` (4, naming the rank and the step), the reset limit was reached (5), or

@@ -19,6 +19,8 @@ SIGKILLs itself at that step, in that phase:
   the state; a replacement named here dies in its very first sync).
 * ``hang``: stops itself with SIGSTOP while computing its gradient, for good:
   alive but silent (allreduce/elastic/heartbeat.py evicts it);
+* ``deadlock``: sleeps for good in its training loop, its heartbeat thread still running (a
+  deadlock in user code with the GIL free): its peers' waits time out and blame it;
 * ``slow``: stops itself with SIGSTOP and a helper process sends SIGCONT
   ``ELASTIC_SLOW_SECONDS`` (2) later: slow, not hung (it must not be evicted);
 * ``spawn``: 0.2 s after the commit at that step, while the parents wait in
@@ -36,6 +38,10 @@ recover as after a death), in one of three phases:
 inside its n-th reset callback (1: the first recovery it lives through).
 Rank 0 prints ``RESUMED <size> <time>`` when the first step after each reset
 is done (tests/test_elastic_hang.py times hang -> first step after the eviction).
+
+``ELASTIC_STOP_IN=<name>:<step>:<n>``: that process stops itself (SIGSTOP, for good) as it
+enters that recovery step (``MPI_Comm_shrink``) for the n-th time: a hang in the middle of
+a recovery (the others evict it there).
 
 ``ELASTIC_JOIN_DIE=<path>``: the first replacement (the one that finds no file
 at ``path`` and makes it) SIGKILLs itself before it merges with its parents.
@@ -128,6 +134,9 @@ def maybe_die(step: int, phase: str, *, mid_call: bool = True) -> None:
 def maybe_stop(step: int) -> None:
     """``hang``: SIGSTOP for good; ``slow``: SIGSTOP, and SIGCONT from a helper a few seconds later."""
     phase = KILLS.get((ME, step))
+    if phase == "deadlock":
+        print(f"DEADLOCK {ME} step {step} at {time.time():.6f}", flush=True)
+        time.sleep(3600)
     if phase not in ("hang", "slow"):
         return
     print(f"{phase.upper()} {ME} step {step} at {time.time():.6f}", flush=True)
@@ -177,8 +186,18 @@ def _join_or_die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+_entered: dict[str, int] = {}
+
+
 def _stuck_in(step: str) -> None:
-    """Block this process inside MPI when it enters ``step`` (ELASTIC_STUCK)."""
+    """Block this process inside MPI when it enters ``step`` (ELASTIC_STUCK); stop it (SIGSTOP, for
+    good) when it enters ``step`` for the n-th time (ELASTIC_STOP_IN=name:step:n)."""
+    _entered[step] = _entered.get(step, 0) + 1
+    who, _, rest = os.environ.get("ELASTIC_STOP_IN", "::").partition(":")
+    what, _, nth = rest.rpartition(":")
+    if who and int(who) == ME and step == what and _entered[step] == int(nth):
+        print(f"HANG {ME} in {step} at {time.time():.6f}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
     name, _, what = os.environ.get("ELASTIC_STUCK", ":").partition(":")
     if name and int(name) == ME and step == what:
         print(f"STUCK {ME} in {step} at {time.time():.6f}", flush=True)
