@@ -5,7 +5,8 @@ Run by tests/test_tf_collectives.py as ``python tf_collectives.py`` and under
 so each result is checked against a numpy reference, and each gradient
 against its closed form for the loss L = sum_k W[k] * sum(y_k) (rank k weights
 its output by W[k] = k + 1), eager and inside tf.function; a model.fit
-checks an alltoall round trip's gradient routing. Also: reducescatter's
+checks an alltoall round trip's gradient routing. Also: ranks whose dtypes
+differ fail on every rank and the automatic names stay in step; reducescatter's
 scale factors against Horovod 0.28.1's expected values (float16, integers),
 and broadcast_ in place in a TF1 graph (ref and resource variables). Prints
 "tf_collectives OK".
@@ -174,6 +175,21 @@ if p > 1:
                     "shape differs between ranks (rank 0: [(2, 6)]; rank 1: [(2, 2, 3)]")
 everyone_raised(NotImplementedError, lambda: tfops.reducescatter(tf.zeros([2]), op=tfops.Max), "tfops.Sum and tfops.Average")
 np.testing.assert_allclose(tfops.allreduce(tf.ones(2), op=tfops.Sum).numpy(), [p, p])   # still in step
+if p > 1:
+    # A dtype that differs by rank fails on every rank, and takes one automatic name on every rank all
+    # the same: an integer broadcast or allgather used to take none where a float one took one, so the
+    # next auto-named ops waited for names no other rank used (Horovod's test_horovod_broadcast_type_error,
+    # eager and graph, then test_horovod_grouped_allreduce_*: StallError 'out of step', issue 41)
+    mixed = tf.ones([3], tf.int32 if me % 2 == 0 else tf.float32)
+
+    @tf.function
+    def broadcast_mixed():
+        return tfops.broadcast(mixed, 0)
+    everyone_raised(MismatchError, lambda: tfops.broadcast(mixed, 0), "ranks disagree")
+    everyone_raised(MismatchError, broadcast_mixed, "ranks disagree")
+    everyone_raised(MismatchError, lambda: tfops.allgather(mixed), "dtype differs")
+    np.testing.assert_allclose(tfops.grouped_allreduce([tf.ones(2)], op=tfops.Sum)[0].numpy(), [p, p])
+    np.testing.assert_allclose(tfops.broadcast(tf.fill([2], float(me)), 0).numpy(), [0, 0])
 
 # ---------------------------------------------------------------- process sets
 evens, odds = evens_given, tfops.add_process_set([r for r in range(p) if r % 2])

@@ -54,9 +54,11 @@ def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False):
     x = tf.convert_to_tensor(tensor)
     if x.shape.rank == 0:
         x = tf.reshape(x, [1])
+    # The name first, whatever the dtype: ranks whose dtypes differ (an error the core reports on
+    # every rank) must still take one name each, or every later automatic name is out of step.
+    name = auto_name("allgather", name)
     if not x.dtype.is_floating:
         return _allgather_raw(x)
-    name = auto_name("allgather", name)
 
     @tf.custom_gradient
     def forward(x):
@@ -118,9 +120,9 @@ def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope
     (Horovod's).
     """
     x = tf.convert_to_tensor(tensor)
+    name = auto_name("broadcast", name)       # first, whatever the dtype (see allgather)
     if not x.dtype.is_floating:
         return _broadcast_raw([x], root_rank)[0]
-    name = auto_name("broadcast", name)
 
     @tf.custom_gradient
     def forward(x):

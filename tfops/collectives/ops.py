@@ -127,9 +127,9 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
     op = check_op(arguments.op_from(op, average))
     compression = check_compression(compression)
     tensors = list(tensors)
+    base = auto_name("grouped", name)         # taken on every rank, even with no tensors (see gather.allgather)
     if not tensors:
         return []
-    base = auto_name("grouped", name)
     out: list = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
