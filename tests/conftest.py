@@ -16,3 +16,18 @@ try:
         _hypothesis_settings.load_profile("ci")
 except ImportError:
     pass
+
+
+# The suite runs on two pytest-xdist workers (scripts/test.sh: -n 2 --dist loadgroup): the many
+# multi-process tests that mostly wait (timeouts, recoveries, spawns) overlap. What cannot share the
+# machine with another test at once is grouped onto one worker, one test after the other:
+# - "netns": the namespace cluster (allreduce-cluster up/down makes and removes fixed names).
+_GROUPS = {"netns": ("test_cluster.py",)}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+    for item in items:
+        for group, files in _GROUPS.items():
+            if item.path.name in files or "cluster" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
