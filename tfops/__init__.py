@@ -87,6 +87,7 @@ from .training.optimizer import DistributedOptimizer
 from .training.tape import DistributedGradientTape, PartialDistributedGradientTape
 from .training.sync_batch_norm import SyncBatchNormalization
 from .sharding import ShardedOptimizer   # not in Horovod: ZeRO stage 1 and 2 (issue 33)
+from .sharding import fully_shard        # not in Horovod: ZeRO stage 3 (issue 44)
 from . import elastic   # hvd.elastic: run, TensorFlowKerasState, TensorFlowState (issue 25)
 from . import optimizers   # not in Horovod: LARS for large batches (Keras 3 has Lamb, not LARS; issue 34)
 
@@ -99,7 +100,7 @@ broadcast = with_process_set(broadcast, _sets.broadcast_in_set)
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Sum", "Average", "Min", "Max", "Adasum", "Compression", "allreduce", "grouped_allreduce",
            "allgather", "broadcast", "broadcast_variables", "broadcast_object", "allgather_object", "join",
-           "DistributedGradientTape", "DistributedOptimizer", "ShardedOptimizer", "GradientHooks", "XlaNotSupportedError",
+           "DistributedGradientTape", "DistributedOptimizer", "ShardedOptimizer", "fully_shard", "GradientHooks", "XlaNotSupportedError",
            "alltoall", "reducescatter", "grouped_allgather", "grouped_reducescatter",
            "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
            "process_set_included_op", "NotInProcessSetError",

@@ -28,3 +28,7 @@ Keras wrapper), :mod:`.state` (the whole optimizer state, gathered, for checkpoi
 from .optimizer import ShardedOptimizer, ShardedOptimizerWrapper
 
 __all__ = ["ShardedOptimizer", "ShardedOptimizerWrapper"]
+from .fully_shard import fully_shard, gathered_weights   # ZeRO stage 3 (issue 44): fully_shard, .stage3
+from .stage3 import FullyShardedOptimizer
+
+__all__ += ["fully_shard", "gathered_weights", "FullyShardedOptimizer"]

@@ -311,7 +311,8 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
             reduced across shards). ``clipnorm`` and ``global_clipnorm`` clip by the true norms.
             Adafactor and Muon raise ``TypeError``: they need whole matrices.
         stage: 1 shards the optimizer's slots; 2 (default) also keeps only this rank's slice
-            of the averaged gradient.
+            of the averaged gradient; 3 steps the pieces of a model wrapped by
+            :func:`tfops.fully_shard` (the weights sharded too: :mod:`.stage3`).
         name: the wrapper's name; default ``"Sharded" + optimizer.name``.
         bucket_bytes: gradient bytes per reduce-scatter call (default :data:`BUCKET_BYTES`,
             1 MiB); every rank must pass the same value.
@@ -328,5 +329,11 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
         slots are ``inner_optimizer.variables``. Saving is a collective: every rank calls
         ``model.save`` / ``Checkpoint.write`` (the file holds the whole state, gathered).
     """
+    if stage == 3:                                        # the weights too: a model tfops.fully_shard wrapped
+        from .stage3 import FullyShardedOptimizer
+        if process_set is not None:
+            raise ValueError("ShardedOptimizer(stage=3) shards over the ranks tfops.fully_shard(model, "
+                             "process_set=...) was given; pass the process set there")
+        return FullyShardedOptimizer(optimizer, name=name)
     return ShardedOptimizerWrapper(optimizer, stage=stage, name=name, bucket_bytes=bucket_bytes,
                                    process_set=process_set)

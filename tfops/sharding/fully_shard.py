@@ -1,0 +1,230 @@
+"""``fully_shard(model)``: ZeRO stage 3 for Keras 3. Each rank keeps 1/p of every weight; a layer's
+whole weights exist only while it runs forward, and again while it runs backward.
+
+What it does to a built model (PyTorch FSDP2's ``fully_shard`` on a module, in Keras terms)::
+
+    model.layers          dense_0        dense_1  ...       each layer with trainable weights
+                             │              │                is a *unit*
+    before   kernel (whole), bias (whole)   ...
+    after    kernel_shard (my piece, flat)  ...   layer.trainable_variables = the pieces;
+             kernel: released (its tf.Variable dropped, memory freed)
+             layer.call: gather, compute, release (.unit_call); save/load: whole weights
+
+Steps: (1) refuse a model already wrapped, and check every rank holds the same model (names,
+shapes, dtypes; ``MismatchError`` on every rank); (2) cut every weight over the ranks
+(:mod:`.params`); (3) for each weight make a variable of this rank's piece and put it where the
+layer kept the weight (so ``model.trainable_variables``, ``model.fit``'s tape and any optimizer
+see the pieces), and drop the whole weight's storage; (4) wrap each unit's ``call``
+(:func:`.unit_call.sharded_call`) and its ``save_own_variables`` / ``load_own_variables`` (a
+checkpoint holds whole weights, as a plain model writes them; saving is a collective).
+
+Memory per rank, float32 Adam, N parameters, p ranks, the largest unit holding U parameters:
+4N/p weights + 4N/p gradients + 8N/p slots = 16N/p, plus about 3 x 4U while a unit is gathered
+(its weights, the prefetched next unit's, and the gather's receive block). Communication: 1.5x
+the bytes of one allreduce of the gradients (:mod:`.unit_exchange`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from allreduce.algorithms.allgather import allgatherv
+
+from .exchange import check_process_set, check_same_model, communicator_of
+from .params import Status, UnitLayout
+from .unit_call import sharded_call
+from .unit_exchange import UnitExchange
+
+__all__ = ["fully_shard", "FullyShardState", "Unit", "state_of", "gathered_weights"]
+
+
+class Unit:
+    """One wrapped layer: its whole weights (released), this rank's pieces, its state, the layout."""
+
+    def __init__(self, index: int, layer, full_vars: list, shard_vars: list, nt_vars: list, layout: UnitLayout):
+        self.index, self.layer, self.name = index, layer, layer.name
+        self.full_vars, self.shard_vars, self.nt_vars, self.layout = full_vars, shard_vars, nt_vars, layout
+
+
+class FullyShardState:
+    """What ``fully_shard`` keeps beside the model (``state_of(model)``): the units, the
+    communicator, the collectives (``exchange``: status, timeline)."""
+
+    def __init__(self, units: list[Unit], comm, exchange: UnitExchange):
+        self.units, self.comm, self.exchange = units, comm, exchange
+        self._piece_of = {id(s): (u, i) for u in units for i, s in enumerate(u.shard_vars)}
+
+    def after(self, unit: Unit, phase: str) -> Unit | None:
+        """The unit that runs next in ``phase`` (model order forward, reverse backward)."""
+        k = unit.index + (1 if phase == "forward" else -1)
+        return self.units[k] if 0 <= k < len(self.units) else None
+
+    def status(self, unit: int | str) -> Status:
+        """The status of unit ``unit`` (index or layer name)."""
+        u = unit if isinstance(unit, int) else next(x.index for x in self.units if x.name == unit)
+        return self.exchange.status.get(u, Status.NOT_AVAILABLE)
+
+    def piece_of(self, variable):
+        """(unit, weight index) of a piece variable, or None."""
+        return self._piece_of.get(id(variable))
+
+    def whole(self, variable) -> np.ndarray:
+        """The whole value of a piece variable (a collective: every rank calls it, in the same order)."""
+        unit, i = self._piece_of[id(variable)]
+        return self.gather_like(variable, np.asarray(variable.numpy()))
+
+    def gather_like(self, variable, mine: np.ndarray) -> np.ndarray:
+        """Every rank's ``mine`` (each cut as ``variable``'s piece) laid out whole (a collective)."""
+        unit, i = self._piece_of[id(variable)]
+        piece = unit.layout.piece(i)
+        out = np.empty(sum(piece.counts), mine.dtype)
+        if self.comm.size == 1:
+            out[:] = mine.reshape(-1)
+        else:
+            allgatherv(self.comm.transport, np.ascontiguousarray(mine.reshape(-1)), out, list(piece.counts))
+        return out.reshape(piece.shape)
+
+    def mine(self, variable, whole) -> np.ndarray:
+        """This rank's piece of ``whole`` (a value shaped as ``variable``'s whole weight)."""
+        unit, i = self._piece_of[id(variable)]
+        piece = unit.layout.piece(i)
+        whole = np.asarray(whole)
+        if tuple(whole.shape) != piece.shape:
+            raise ValueError(f"fully_shard: {unit.full_vars[i].path} is {piece.shape} whole; got a value of shape "
+                             f"{tuple(whole.shape)}")
+        r = self.comm.rank
+        return whole.reshape(-1)[piece.starts[r]:piece.starts[r] + piece.counts[r]]
+
+
+def state_of(model) -> FullyShardState | None:
+    """The :class:`FullyShardState` of a model ``fully_shard`` wrapped, else None."""
+    return getattr(model, "_tfops_fully_shard", None)
+
+
+def _released(path: str):
+    def initializer(*_args, **_kwargs):
+        raise RuntimeError(f"{path} is fully sharded (tfops.fully_shard): this rank holds only its piece. Call the "
+                           "layer (it gathers the weight), or use tfops.sharding.gathered_weights(model)")
+    return initializer
+
+
+def _units_of(model) -> list:
+    layers = [l for l in model.layers if l.trainable_variables]
+    if any(getattr(l, "_tfops_fully_shard_unit", None) is not None for l in layers):
+        raise ValueError(f"fully_shard: model '{model.name}' has layers that are already fully sharded "
+                         "(fully_shard wraps a model once)")
+    covered = {id(v) for l in layers for v in l.trainable_variables}
+    left = [v.path for v in model.trainable_variables if id(v) not in covered]
+    if left:
+        raise ValueError(f"fully_shard: model '{model.name}' has trainable weights outside its layers ({left[:3]}); "
+                         "put them in a layer, so that a layer gathers them")
+    return layers
+
+
+def _make_piece(full, mine: np.ndarray):
+    """A variable of this rank's piece, at the whole weight's path + ``_shard``."""
+    with contextlib.ExitStack() as scopes:
+        for part in full.path.split("/")[:-1]:
+            scopes.enter_context(keras.name_scope(part))
+        return keras.Variable(mine, dtype=full.dtype, trainable=True, name=f"{full.name}_shard")
+
+
+def _swap(model, swaps: dict) -> list:
+    """Put each piece where a layer (at any depth) kept its whole weight; the layers touched."""
+    owners = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        own = layer._trainable_variables
+        hit = [k for k, v in enumerate(own) if id(v) in swaps]
+        for k in hit:
+            own[k] = swaps[id(own[k])]
+        if hit:
+            owners.append(layer)
+    return owners
+
+
+def _patch_saving(state: FullyShardState, layer) -> None:
+    """Checkpoints of ``layer`` hold whole weights (a plain model's file); loading cuts this rank's piece."""
+    def variables():
+        return layer._trainable_variables + layer._non_trainable_variables
+
+    def save_own_variables(store):
+        for i, v in enumerate(variables()):
+            store[f"{i}"] = state.whole(v) if state.piece_of(v) else v.numpy()
+
+    def load_own_variables(store):
+        vs = variables()
+        if len(store.keys()) != len(vs):
+            raise ValueError(f"fully_shard: layer '{layer.name}' has {len(vs)} variables, the file holds "
+                             f"{len(store.keys())} for it")
+        for i, v in enumerate(vs):
+            value = store[f"{i}"]
+            v.assign(state.mine(v, value) if state.piece_of(v) else value)
+    object.__setattr__(layer, "save_own_variables", save_own_variables)
+    object.__setattr__(layer, "load_own_variables", load_own_variables)
+
+
+def fully_shard(model, *, process_set=None, prefetch: bool = True):
+    """Shard every trainable weight of the built Keras 3 ``model`` over the ranks (ZeRO stage 3).
+
+    Each layer of ``model.layers`` that has trainable weights becomes a unit: it gathers its
+    weights just before it runs, forward and backward, and its weights' gradients come out of
+    the tape already averaged over the ranks, as this rank's pieces. Train it with
+    ``tfops.ShardedOptimizer(optimizer, stage=3)`` (``model.fit``, or a custom loop with a plain
+    ``tf.GradientTape``, eager or in a ``tf.function``).
+
+    Args:
+        model: a built ``keras.Model`` (Sequential, functional or subclassed) whose trainable
+            weights all belong to its layers; the same on every rank.
+        process_set: shard over these ranks only (e.g. ``mesh.data_set``); default every rank.
+        prefetch: hand the next unit's gather over while the current unit computes.
+
+    Returns:
+        ``model``, changed in place: ``model.trainable_variables`` are this rank's pieces (flat);
+        ``model.save`` / ``save_weights`` write whole weights (every rank calls them) and
+        ``load_weights`` reads a plain model's file at any rank count.
+    """
+    if state_of(model) is not None:
+        raise ValueError(f"fully_shard: model '{model.name}' is already fully sharded; wrap it once")
+    if not model.built:
+        raise ValueError(f"fully_shard: build model '{model.name}' first (call it on a batch, or model.build)")
+    comm = communicator_of(check_process_set(process_set))
+    layers = _units_of(model)
+    check_same_model(model.trainable_variables, "fully_shard", comm=comm)
+    units, swaps, turn = [], {}, 0
+    for layer in layers:
+        fulls = list(layer.trainable_variables)
+        layout, turn = UnitLayout.of([tuple(v.shape) for v in fulls], [tf.as_dtype(v.dtype).name for v in fulls],
+                                     comm.size, turn)
+        pieces = []
+        for i, full in enumerate(fulls):
+            p = layout.piece(i)
+            s = p.starts[comm.rank]
+            pieces.append(_make_piece(full, np.asarray(full.numpy()).reshape(-1)[s:s + p.counts[comm.rank]].copy()))
+            swaps[id(full)] = pieces[-1]
+        units.append(Unit(len(units), layer, fulls, pieces, list(layer.non_trainable_variables), layout))
+    state = FullyShardState(units, comm, UnitExchange(comm, prefetch=prefetch))
+    for piece in swaps.values():
+        object.__setattr__(piece, "_tfops_fully_shard", state)    # for ShardedOptimizer(stage=3)
+    for layer in _swap(model, swaps):
+        _patch_saving(state, layer)
+    for unit in units:
+        for full in unit.full_vars:
+            full._value, full._initializer = None, _released(full.path)   # the whole weight's memory goes
+        object.__setattr__(unit.layer, "_tfops_fully_shard_unit", unit)
+        object.__setattr__(unit.layer, "call", sharded_call(state, unit, unit.layer.call))
+    object.__setattr__(model, "_tfops_fully_shard", state)
+    for fn in ("train_function", "test_function", "predict_function"):
+        if getattr(model, fn, None) is not None:                  # traced over the whole weights
+            setattr(model, fn, None)
+    return model
+
+
+def gathered_weights(model) -> list[np.ndarray]:
+    """``model.get_weights()`` as a plain model's: whole weights (a collective: every rank calls)."""
+    state = state_of(model)
+    if state is None:
+        return model.get_weights()
+    return [state.whole(v) if state.piece_of(v) else v.numpy() for v in model.weights]
