@@ -232,3 +232,48 @@ def test_a_users_hook_runs_per_bucket_and_a_bad_return_fails_that_bucket_on_ever
             messages.add(str(info.value).split(":", 1)[1])             # the same after "rank r:"
         assert len(messages) == 1
         assert _step(engs, hooks, {"after": [np.ones(2)] * p}, Op.SUM)["after"][0].tolist() == [3.0, 3.0]
+
+
+def _mismatch_everywhere(engs, hooks, x) -> str:
+    """Every rank submits ``x`` through its hook; every rank must raise the same MismatchError."""
+    handles = [e.submit(x[r], name="w", comm_hook=hooks[r]) for r, e in enumerate(engs)]
+    messages = set()
+    for h in handles:
+        with pytest.raises(MismatchError) as info:
+            h.wait(20)                                  # before the fix: the transport's timeout
+        messages.add(str(info.value))
+    assert len(messages) == 1, messages
+    return messages.pop()
+
+
+@pytest.mark.parametrize("kind", ["powersgd", "onebit"])
+def test_a_reset_or_a_new_hook_on_some_ranks_only_raises_on_every_rank(kind):
+    """A hook's state age travels with its settings: a reset() on rank 1 only, or a new hook object
+    on rank 2 only, fails the next step's tensor on every rank naming each side (once the ranks
+    reduced it through PowerSGD's low-rank path and the reset rank a plain allreduce, so their
+    collectives differed and every rank waited until the transport gave up). A reset on every
+    rank goes on, from the same state as new hooks."""
+    p, rng = 3, np.random.default_rng(6)
+    x = {"w": [rng.integers(-9, 9, (8, 8)).astype(np.float64) for _ in range(p)]}
+
+    def make():
+        return ar.PowerSGD(rank=1, start_iter=1, min_compression_rate=1) if kind == "powersgd" else ar.OneBit()
+    hooks = [make() for _ in range(p)]
+    name = hooks[0].name
+    with engines(p) as engs:
+        for _ in range(2):
+            _step(engs, hooks, x, Op.SUM)
+        hooks[1].reset()
+        message = _mismatch_everywhere(engs, hooks, x["w"])
+        assert f"rank 0: {name}, state from earlier steps" in message, message
+        assert f"rank 1: {name}, new state" in message, message
+        assert "reset on every rank alike" in message, message
+        for h in hooks:                                 # the cure: every rank alike
+            h.reset()
+        first = _step(engs, hooks, x, Op.SUM)["w"][0]
+        hooks[2] = make()                               # a new object on rank 2 only
+        message = _mismatch_everywhere(engs, hooks, x["w"])
+        assert f"rank 2: {name}, new state" in message and f"rank 1: {name}, state from" in message, message
+        fresh = [make() for _ in range(p)]              # new hooks everywhere: the same as a reset
+        assert _step(engs, fresh, x, Op.SUM)["w"][0].tobytes() == first.tobytes()
+        assert _step(engs, [Compression.fp16] * p, x, Op.SUM)["w"][0].tolist() == np.sum(x["w"], axis=0).tolist()

@@ -52,6 +52,7 @@ class Compressor(CommHook):
 
     name = "none"
     direct_ok = True
+    keeps_state = False
 
     def run_batch(self, batch, comm):
         """The hook of a compressor: pack (compress) the batch into one buffer, one allreduce, unpack."""

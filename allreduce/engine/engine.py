@@ -144,6 +144,8 @@ class Engine(EngineThread):
         if name is not None and (name.__class__ is not str or not name):
             self._check_name(name)
         entry = Entry(name, x, checked[3], checked[4], self._hurry, inplace)   # copies a non-contiguous x first
+        if comm_hook is not None and compression.keeps_state:   # its settings and its state's age (hooks.py)
+            entry.meta = entry.meta[:3] + (compression.agreement(name, self.comm),)
         self._enqueue(entry)
         return entry                                     # the caller's handle
 

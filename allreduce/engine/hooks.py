@@ -40,6 +40,16 @@ new one would). ``hook.reset()`` empties it by hand
 (call it on every rank). A hook object may serve several engines at once
 (thread ranks in tests): each communicator has its own state.
 
+A reset must happen on every rank alike, and so the ranks check it: beside
+the hook's ``name``, each tensor's negotiation metadata says whether this
+hook's state for that tensor is new or carried from earlier steps
+(:meth:`CommHook.agreement`). A ``reset()`` on some ranks only, or a new hook
+object on some ranks, then fails that tensor with ``MismatchError`` on every
+rank, naming each rank's side, instead of entering collectives whose sizes or
+counts differ (PowerSGD's plain warm-up against its low-rank steps) and
+waiting there until the transport's timeout. The marker changes once per
+tensor, after its first reduction: one more announcement, then cached again.
+
 Errors. A hook that raises, or returns the wrong number or sizes of results,
 fails its bucket's handles on that rank and the engine goes on. It must fail
 alike on every rank (decide only from agreed data: names, shapes, op, its
@@ -130,6 +140,9 @@ class CommHook:
     """
 
     name = "hook"
+    #: Whether ranks compare this hook's state age per tensor at negotiation (:meth:`agreement`);
+    #: the stateless compressors do not.
+    keeps_state = True
     #: A large plain tensor of this hook's batch may be reduced in its own result array
     #: (fusion.py's direct batches): only for the plain compressor, never for a hook that
     #: needs the bucket's tensors together.
@@ -172,9 +185,30 @@ class CommHook:
 
     def reset(self) -> None:
         """Forget every step's state (errors, warm starts, step counts), on every communicator.
-        Call it on every rank alike: the ranks' states must stay in step."""
+        Call it on every rank alike: the ranks' states must stay in step (a rank that did not
+        fails the next step's tensors with ``MismatchError`` on every rank)."""
         with _STATES_LOCK:
             self.__dict__.pop("_states", None)
+            self.__dict__.pop("_reduced", None)
+
+    def agreement(self, tensor: str, key) -> str:
+        """What the ranks compare for ``tensor`` through this hook (the metadata's compression
+        field): :attr:`name`, and whether this hook has reduced ``tensor`` on communicator ``key``
+        since its state began (a new object, ``reset()``, a new communicator).
+
+        Read at submit; a name cannot be submitted again before its last reduction finished, so
+        every rank in step reads the same answer."""
+        with _STATES_LOCK:
+            reduced = self.__dict__.get("_reduced")
+            carried = reduced is not None and tensor in reduced.get(key, ())
+        return f"{self.name}, {'state from earlier steps' if carried else 'new state'}"
+
+    def _mark_reduced(self, key, names: list[str]) -> None:
+        with _STATES_LOCK:
+            reduced = self.__dict__.get("_reduced")
+            if reduced is None:
+                reduced = self.__dict__["_reduced"] = weakref.WeakKeyDictionary()
+            reduced.setdefault(key, set()).update(names)
 
     # -- what the engine calls --------------------------------------------------------------
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
@@ -189,6 +223,7 @@ class CommHook:
         bucket = Bucket([e.name for e in entries], [e.array.shape for e in entries],
                         [e.flat for e in entries], batch.op, entries[0].flat.dtype)
         outs = self.reduce(bucket, comm, self.state(comm.key))
+        self._mark_reduced(comm.key, bucket.names)           # before any handle completes (agreement)
         if len(outs) != len(entries):
             raise TypeError(f"comm hook {self.name} returned {len(outs)} results for a bucket of "
                             f"{len(entries)} tensors; return one per tensor, in bucket order")

@@ -104,9 +104,13 @@ def _mismatch(name: str, metas: dict[int, Meta]) -> MismatchError:
         if any(v != values[0] for v in values):
             shown = ", ".join(f"rank {r}: {describe_meta(i, metas[r][i])}" for r in ranks)
             problems.append(f"{field} differs across ranks ({shown})")
+    hooks = {str(metas[r][3]) for r in ranks}
+    state = ("; a comm hook's state must be reset on every rank alike (hook.reset() on every rank, or a new "
+             "hook object on every rank)") if len(hooks) > 1 and len({h.rsplit(", ", 1)[0] for h in hooks}) == 1 \
+        else ""
     return MismatchError(f"allreduce of {name!r}: " + "; ".join(problems)
                          + ". Every rank must submit a name with the same shape, dtype, op and compression "
-                         "(comm hook, with the same settings).")
+                         f"(comm hook, with the same settings){state}.")
 
 
 class Negotiator:

@@ -4,7 +4,8 @@ Run by tests/test_engine_hooks_mpi.py as ``mpirun -np P python hooks_check.py``.
 submits its own gradients in its own random order for a few steps through PowerSGD (rank 2,
 compressing from the second step), OneBit and a full-rank PowerSGD; every result must be the
 same bytes on every rank (allgathered and compared), and the full-rank one MPI's average to
-float32 rounding. Then rank-dependent hook settings must raise MismatchError on every rank.
+float32 rounding. Then rank-dependent hook settings, and a hook reset on rank 0 only, must raise
+MismatchError on every rank.
 """
 import numpy as np
 from mpi4py import MPI
@@ -53,5 +54,17 @@ try:
     raise AssertionError("settings that differ must raise")
 except ar.MismatchError as exc:
     assert "rank 0: PowerSGD(rank=1," in str(exc) and "rank 1: PowerSGD(rank=2," in str(exc), exc
+
+# a reset on rank 0 only: MismatchError on every rank (before: PowerSGD's plain warm-up on rank 0
+# against the others' low-rank P allreduce, a transport error or timeout)
+if p > 1:
+    if me == 0:
+        hooks["powersgd"].reset()
+    try:
+        ar.allreduce_async(np.ones((64, 32), np.float32), name="powersgd/dense", comm_hook=hooks["powersgd"]).wait()
+        raise AssertionError("a reset on one rank only must raise")
+    except ar.MismatchError as exc:
+        assert "rank 0: PowerSGD(rank=2, start_iter=1" in str(exc) and ", new state" in str(exc), exc
+        assert "rank 1: PowerSGD(rank=2, start_iter=1" in str(exc) and "state from earlier steps" in str(exc), exc
 ar.shutdown()
 print(f"OK hooks_check rank {me} of {p}", flush=True)
