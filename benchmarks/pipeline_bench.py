@@ -11,9 +11,11 @@ print one JSON line per case, rendered here as the table for BENCHMARKS.md.
 bubble   a deep MLP (8 Dense layers of --width, tanh), cut into p stages (interleaved: 2p chunks),
          trained with ``Pipeline`` under ``tfops.start_timeline``; after 2 warm-up steps, each of
          --steps steps is one SCHEDULE span on the rank's timeline, and the FORWARD / BACKWARD
-         spans inside it are its compute. idle/busy = (SCHEDULE - compute) / compute, the mean over
+         spans inside it are its compute. idle/busy = (SCHEDULE - compute) / compute, the median over
          steps: what ``(p-1)/(v m)`` predicts when the stages take equal time and messages are
-         free. Ranks meet at a barrier before each step, so a step's span starts together.
+         free. Ranks meet at a barrier before each step, so a step's span starts together. The ranks
+         are not bound to cores (``--bind-to none``): bound, each shares its core with whatever else
+         the machine runs there, and the stages stop taking equal time.
 memory   the same model with a micro-batch of --mem-rows rows: ``Pipeline.peak_live`` (forward tapes
          alive at once, the schedule's count) and the RSS: ``ru_maxrss`` after the steps less the RSS
          before the first step, one launch per schedule (``ru_maxrss`` only grows).
@@ -43,7 +45,8 @@ def _worker(args) -> None:
     import keras
 
     import tfops
-    from tfops.parallel import Mesh, Pipeline
+    from tfops.parallel import Mesh
+    from tfops.parallel.pipeline import Pipeline
     tfops.init()
     mesh = Mesh(pipeline=tfops.size())
     p, rank = mesh.pipeline, mesh.pipeline_rank
@@ -83,7 +86,7 @@ def _worker(args) -> None:
             if os.path.exists(f):
                 os.remove(f)
         print(json.dumps({"schedule": schedule, "p": p, "v": v, "m": m, "rank": rank,
-                          "idle_busy": sum(ratios) / len(ratios), "formula": (p - 1) / (v * m),
+                          "idle_busy": sorted(ratios)[len(ratios) // 2], "formula": (p - 1) / (v * m),
                           "step_ms": sum(s["dur"] for s in steps) / len(steps) / 1e3,
                           "peak_live": pipe.peak_live,
                           "rss_growth_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0}),
@@ -91,7 +94,7 @@ def _worker(args) -> None:
 
 
 def _launch(np_: int, extra: list[str]) -> list[dict]:
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_), "-x", "OMP_NUM_THREADS=1", "-x", "TF_NUM_INTRAOP_THREADS=1",
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), "-x", "OMP_NUM_THREADS=1", "-x", "TF_NUM_INTRAOP_THREADS=1",
            "-x", "TF_CPP_MIN_LOG_LEVEL=2", sys.executable, os.path.abspath(__file__), "--worker"] + extra
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -120,7 +123,7 @@ def main() -> None:
                   "--rows", str(args.rows), "--steps", str(args.steps)]
         rows = _launch(args.np, common)
         print(f"\np = {args.np}, 8 Dense layers of {args.width}, {args.rows} rows a micro-batch, "
-              f"mean of {args.steps} steps; idle/busy from each rank's timeline\n")
+              f"median of {args.steps} steps; idle/busy from each rank's timeline\n")
         print("| schedule | v | m | formula (p-1)/(v m) | " + " | ".join(f"rank {r} idle/busy" for r in range(args.np))
               + " | step ms (rank 0) |")
         print("|---|---|---|---|" + "---|" * args.np + "---|")

@@ -12,8 +12,9 @@ whose shared-memory path carries them on one node), with tags of their own, so t
 a collective's messages. Each (sender, receiver, direction, chunk) pair is its own channel and
 the schedules keep micro-batches in order on it, so the n-th receive gets the n-th send (FIFO).
 
-Sends are nonblocking: :meth:`P2P.send` keeps the array alive until :meth:`P2P.finish`. A
-receive blocks, within the transport's timeout (``ALLREDUCE_TIMEOUT``, 30 s): a peer that never
+Sends are nonblocking: :meth:`P2P.send` keeps the array alive until :meth:`P2P.finish`. Receives
+can be posted ahead (:meth:`P2P.irecv`, then :meth:`P2P.wait`); a progress thread keeps every
+request moving while the caller computes. A wait blocks, within the transport's timeout (``ALLREDUCE_TIMEOUT``, 30 s): a peer that never
 sends raises ``TransportTimeoutError`` naming it, never a hang.
 
 The shapes and dtypes of every channel are agreed once (:meth:`P2P.send_spec` /
@@ -27,6 +28,8 @@ Cost per message: alpha + n*beta, n the activation's bytes; a step of schedule 1
 from __future__ import annotations
 
 import pickle
+import queue
+import threading
 
 import numpy as np
 
@@ -48,37 +51,89 @@ def grad_tag(k: int) -> int:
     return TAG + 2 * k + 1
 
 
+class _Pending:
+    """One send or receive in flight: the progress thread sets ``done`` (and ``error``) when it completes."""
+    __slots__ = ("request", "array", "done", "error")
+
+    def __init__(self, request, array: np.ndarray):
+        self.request, self.array, self.done, self.error = request, array, threading.Event(), None
+
+
+_QUEUE: list = []                         # the one progress thread's queue, started on first use
+_QUEUE_LOCK = threading.Lock()
+
+
+def _progress_queue() -> queue.SimpleQueue:
+    with _QUEUE_LOCK:
+        if not _QUEUE:
+            _QUEUE.append(queue.SimpleQueue())
+            threading.Thread(target=_progress, args=(_QUEUE[0],), name="pipeline-p2p", daemon=True).start()
+        return _QUEUE[0]
+
+
+def _progress(requests: queue.SimpleQueue) -> None:
+    while True:
+        pending = requests.get()
+        try:
+            pending.request.wait()                # bounded by the transport's timeout
+        except BaseException as exc:              # handed to the caller's wait()
+            pending.error = exc
+        pending.done.set()
+
+
 class P2P:
     """Sends and receives between the ranks of one pipeline process set.
 
     Args:
         process_set: the ``ProcessSet`` whose ranks are the pipeline stages, in pipeline order
             (``mesh.pipeline_set``: its communicator's rank is the pipeline rank).
+
+    A progress thread waits on every request in turn. Why: a large message goes by rendezvous,
+    which moves only while some thread of each side is inside MPI; without the thread, an
+    activation sent before a forward would leave only when the sender next called MPI, one chunk
+    later, and the bubble grew by that much on every boundary.
     """
 
     def __init__(self, process_set):
         comm = process_set.communicator
         self.transport = comm.transport
         self.rank, self.size = comm.rank, comm.size
-        self._sends: list = []               # (request, array): kept alive until finish()
+        self._sends: list[_Pending] = []      # kept alive until finish()
+        self._queue = _progress_queue()
+
 
     # -- data ----------------------------------------------------------------------------
     def send(self, array: np.ndarray, peer: int, tag: int) -> None:
         """Start sending ``array`` (C-contiguous) to ``peer``; it stays referenced until :meth:`finish`."""
         array = np.ascontiguousarray(array)
-        self._sends.append((self.transport.isend(array.reshape(-1).view(np.uint8), peer, tag), array))
+        pending = _Pending(self.transport.isend(array.reshape(-1).view(np.uint8), peer, tag), array)
+        self._queue.put(pending)
+        self._sends.append(pending)
+
+    def irecv(self, shape: tuple, dtype, peer: int, tag: int) -> _Pending:
+        """Post a receive of an array of ``shape`` and ``dtype`` from ``peer``; :meth:`wait` for it."""
+        out = np.empty(shape, dtype)
+        pending = _Pending(self.transport.irecv(out.reshape(-1).view(np.uint8), peer, tag), out)
+        self._queue.put(pending)
+        return pending
+
+    @staticmethod
+    def wait(pending: _Pending) -> np.ndarray:
+        """Block until ``pending`` completes; its array (a receive's data). Re-raises its error."""
+        pending.done.wait()                       # the thread's wait is bounded: this one ends too
+        if pending.error is not None:
+            raise pending.error
+        return pending.array
 
     def recv(self, shape: tuple, dtype, peer: int, tag: int) -> np.ndarray:
         """Receive an array of ``shape`` and ``dtype`` from ``peer`` (blocks, within the timeout)."""
-        out = np.empty(shape, dtype)
-        self.transport.recv(out.reshape(-1).view(np.uint8), peer, tag)
-        return out
+        return self.wait(self.irecv(shape, dtype, peer, tag))
 
     def finish(self) -> None:
         """Wait for every send in flight (the end of a step: the arrays may then be freed)."""
-        if self._sends:
-            self.transport.wait_all([request for request, _ in self._sends])
-            self._sends.clear()
+        sends, self._sends = self._sends, []
+        for pending in sends:
+            self.wait(pending)
 
     # -- agreeing shapes once ------------------------------------------------------------
     def send_spec(self, spec: tuple[int, tuple[int, ...]], peer: int) -> None:

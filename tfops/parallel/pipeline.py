@@ -46,6 +46,8 @@ from .p2p import BAD_SPEC, P2P, act_tag, grad_tag
 
 __all__ = ["Pipeline"]
 
+AHEAD = 4          # actions looked ahead for receives to post: about the next two computes' inputs
+
 
 def _spec(t) -> tuple[int, tuple[int, ...]]:
     return (tf.as_dtype(t.dtype).as_datatype_enum, tuple(int(d) for d in t.shape))
@@ -108,15 +110,15 @@ class Pipeline:
         self.events, self.peak_live = [], 0
         tl = self._timeline()
         begin = time.monotonic()
-        for a in self.actions:
+        posted = {}                                # action index -> its receive, posted ahead
+        for j, a in enumerate(self.actions):
+            self._post_ahead(j, specs, posted)
             i, c, k = a.micro_batch, a.chunk, self._k(a.chunk)
             t0 = time.monotonic()
             if a.kind == "recv_act":
-                code, shape = specs[("in", c)]
-                received[(i, c)] = tf.constant(self.p2p.recv(shape, tf.as_dtype(code).as_numpy_dtype, a.peer, act_tag(k)))
+                received[(i, c)] = tf.constant(self.p2p.wait(posted.pop(j)))
             elif a.kind == "recv_grad":
-                code, shape = specs[("out", c)]
-                received[("g", i, c)] = tf.constant(self.p2p.recv(shape, tf.as_dtype(code).as_numpy_dtype, a.peer, grad_tag(k)))
+                received[("g", i, c)] = tf.constant(self.p2p.wait(posted.pop(j)))
             elif a.kind == "F":
                 inp = xs[i] if k == 0 else received.pop((i, c))
                 with tf.GradientTape() as tape:
@@ -159,6 +161,18 @@ class Pipeline:
         return self._mean_loss(total)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _post_ahead(self, j: int, specs: dict, posted: dict) -> None:
+        """Post the receives among actions ``j .. j + AHEAD - 1`` not posted yet, so that each
+        arrives while this rank computes (the progress thread moves it); at most a few boundary
+        activations wait in buffers, not the whole step's."""
+        for t in range(j, min(j + AHEAD, len(self.actions))):
+            a = self.actions[t]
+            if a.kind.startswith("recv") and t not in posted:
+                side, tag = ("in", act_tag(self._k(a.chunk))) if a.kind == "recv_act" \
+                    else ("out", grad_tag(self._k(a.chunk)))
+                code, shape = specs[(side, a.chunk)]
+                posted[t] = self.p2p.irecv(shape, tf.as_dtype(code).as_numpy_dtype, a.peer, tag)
+
     def _split(self, x, y):
         batch = x if x is not None else y
         if batch is None:
