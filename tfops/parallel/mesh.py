@@ -93,6 +93,8 @@ class Mesh:
             each axis (a size-1 axis has a single-rank set; an axis over every rank is the global set).
     """
 
+    last = None          # the last mesh built on this rank: what the layers' ``mesh=None`` means
+
     def __init__(self, *, tensor: int = 1, pipeline: int = 1):
         if not ar.is_initialized():
             raise MeshError("Mesh: call tfops.init() first")
@@ -119,6 +121,7 @@ class Mesh:
                 ps = _set_of(group)
                 if rank in group:
                     setattr(self, f"{axis}_set", ps)
+        Mesh.last = self
 
     def rank_of(self, tensor_rank: int | None = None, data_rank: int | None = None,
                 pipeline_rank: int | None = None) -> int:
