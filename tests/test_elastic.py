@@ -217,7 +217,7 @@ def test_a_rank_stuck_inside_mpi_in_a_recovery_step_aborts_the_job_naming_the_st
     assert "STUCK 2 in MPI_Comm_shrink" in result.stdout, text[-3000:]
     # rank 0 waits in MPI_Comm_shrink for rank 2 under the same bound: whichever watchdog fires
     # first names itself (rank 0's did in 1 of 3 launches on the loaded VM)
-    assert re.search(r"allreduce-elastic: rank \d \(name [02]\) stuck inside Open MPI in MPI_Comm_shrink for \d+ s "
+    assert re.search(r"allreduce-elastic: rank \d of \d \(name [02]\) stuck inside Open MPI in MPI_Comm_shrink for \d+ s "
                      r"\(Open MPI's ULFM over tcp can deadlock", result.stderr), text[-4000:]
     summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
     assert summary and "allreduce-run: elastic job aborted: stuck inside Open MPI: rank" in summary[-1], summary

@@ -38,7 +38,6 @@ import sys
 import traceback
 from typing import Any
 
-from .. import api
 from . import heartbeat, world
 from .launch import RESET_LIMIT_EXIT, say
 
@@ -56,9 +55,8 @@ def first_line(exc: BaseException) -> str:
 def leave(exc: BaseException) -> None:
     """Print the traceback and one line naming this rank, then end this process (never returns)."""
     traceback.print_exception(type(exc), exc, exc.__traceback__)
-    rank, size = (api.rank(), api.size()) if api.is_initialized() else (-1, -1)
     what = first_line(exc)
-    who = f"rank {rank} of {size} (name {world.name()})"      # as every elastic line says it (world.py)
+    who = world.who()                  # "rank 2 of 4 (name 3)", as every elastic line says it
     sys.stderr.write(f"allreduce: {who} failed with {what}; it leaves the elastic job, "
                      "and the other ranks go on without it\n")
     say(f"{who} raised {what}; it leaves the job")

@@ -97,6 +97,7 @@ def start(bound: float) -> None:
     slot[PID], slot[START], slot[BEAT_AT] = os.getpid(), start_time(os.getpid()), time.monotonic()
     slot[STATE] = LIVE
     liveness.wait_hook = _waiting
+    liveness.describe_rank = _describe
     _thread = threading.Thread(target=_run, name="allreduce-elastic-heartbeat", daemon=True)
     _thread.start()
 
@@ -105,6 +106,11 @@ def finish() -> None:
     """This process is done with the job (finished, or leaving): nobody waits for its beat."""
     if _table is not None and _me >= 0:
         _table[_me][STATE] = DONE
+
+
+def _describe(rank: int) -> str:
+    names = world.names()
+    return f"rank {rank} (name {names[rank]})" if 0 <= rank < len(names) else f"rank {rank}"
 
 
 def _waiting() -> None:

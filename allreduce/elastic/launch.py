@@ -28,7 +28,9 @@ the default, no limit), ``ALLREDUCE_SHM_P2P=1`` and
 ``ALLREDUCE_ELASTIC_JOB`` (a key of this launch) names the heartbeat table of
 the job on each node (:mod:`.heartbeat`); the launcher removes its own host's at
 the end. An ``evict`` line from a rank makes the launcher SIGKILL that process
-at once (:mod:`.evict`, called from ``run.py``'s relay of mpirun's stderr).
+at once (:mod:`.evict`, called from ``run.py``'s relay of mpirun's stderr). How long a
+rank may go without a heartbeat first: ``ALLREDUCE_ELASTIC_HANG_TIMEOUT`` (default
+``ALLREDUCE_TIMEOUT``, 30 s; shorter recovers sooner and evicts more ranks that were only slow).
 
 The ranks write ``allreduce-elastic:`` lines to stderr (:func:`say`; :mod:`.recovery`,
 :mod:`.regrow`, :mod:`.watchdog`, :mod:`.failure`); the launcher relays them and ends with one summary

@@ -154,7 +154,7 @@ def recover(state: State, caught: float) -> None:
     while True:
         old = world.base()
         bounded = functools.partial(watchdog.step, timeout=settings.get("elastic_recovery_timeout", 0.0),
-                                    who=f"rank {old.Get_rank()} (name {world.name()})", comm=old)
+                                    who=world.who(), comm=old)
         with bounded("MPI_Comm_revoke"):
             _revoke(old)
         with bounded("the library's shutdown (its engine thread)"):

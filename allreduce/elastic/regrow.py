@@ -65,8 +65,7 @@ def grow(state: State, settings: dict[str, Any], *, say: Callable[[str], None]) 
     api.shutdown()
     faults.uninstall()                   # it names the rank and size: installed again by init
     timeout = settings.get("elastic_recovery_timeout", 0.0)
-    bounded = functools.partial(watchdog.step, timeout=timeout, who=f"rank {comm.Get_rank()} "
-                                f"(name {world.name()})", comm=comm)
+    bounded = functools.partial(watchdog.step, timeout=timeout, who=world.who(), comm=comm)
     ready, failure = False, None
     try:
         with bounded("MPI_Comm_spawn", why=_SPAWN_STUCK):

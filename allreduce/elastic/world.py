@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.spawn import joined_world
 
-__all__ = ["base", "names", "name", "start_size", "news", "replace", "leave_without_finalize",
+__all__ = ["base", "names", "name", "who", "start_size", "news", "replace", "leave_without_finalize",
            "exit_status", "deaths", "joins", "resets", "rebuild_hooks", "rebuilt"]
 
 deaths: list[tuple[float, list[int]]] = []   #: (when noticed, names) for every shrink
@@ -68,6 +68,15 @@ def name() -> int:
     """This process's name: its rank in the starting world, or its replacement number."""
     comm = base()
     return _names[comm.Get_rank()]
+
+
+def who(rank: int | None = None) -> str:
+    """``rank 2 of 4 (name 3)``: a rank of the current world as every elastic line says it (this
+    process's own without ``rank``): its rank now, which changes as the world does, and its name."""
+    comm = base()
+    rank = comm.Get_rank() if rank is None else rank
+    named = _names[rank] if 0 <= rank < len(_names) else "?"
+    return f"rank {rank} of {len(_names)} (name {named})"
 
 
 def start_size() -> int:

@@ -61,6 +61,9 @@ _ULFM_CLASSES = frozenset(getattr(MPI, name) for name in
 
 #: Called (no arguments) by every check of a slow wait: the elastic heartbeat's "waiting" stamp.
 wait_hook: Callable[[], None] | None = None
+#: ``rank -> "rank 2 (name 3)"``: how the elastic layer names a rank of the current world (its rank
+#: now and its rank in the starting world, allreduce/elastic/world.py); plain ``"rank 2"`` without.
+describe_rank: Callable[[int], str] = lambda rank: f"rank {rank}"
 _WAITED_FOR = re.compile(r"waiting (?:to|for) (?:[a-z]+ )*?rank (\d+)")
 
 
@@ -118,8 +121,8 @@ def failed_ranks(comm) -> list[int]:
 
 
 def _lost(rank: int, dead: list[int], what: str) -> PeerLostError:
-    who = "rank(s) " + ", ".join(map(str, dead)) if dead else "a peer (the communicator was revoked)"
-    error = PeerLostError(f"rank {rank}: {who} died while this rank {what}; an elastic job "
+    who = ", ".join(map(describe_rank, dead)) if dead else "a peer (the communicator was revoked)"
+    error = PeerLostError(f"{describe_rank(rank)}: {who} died while this rank {what}; an elastic job "
                           "(allreduce.elastic.run) restores its last commit and goes on without it")
     error.ranks = dead
     return error
