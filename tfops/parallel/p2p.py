@@ -14,8 +14,9 @@ the schedules keep micro-batches in order on it, so the n-th receive gets the n-
 
 Sends are nonblocking: :meth:`P2P.send` keeps the array alive until :meth:`P2P.finish`. Receives
 can be posted ahead (:meth:`P2P.irecv`, then :meth:`P2P.wait`); a progress thread keeps every
-request moving while the caller computes. A wait blocks, within the transport's timeout (``ALLREDUCE_TIMEOUT``, 30 s): a peer that never
-sends raises ``TransportTimeoutError`` naming it, never a hang.
+request moving while the caller computes. A wait blocks, within the transport's timeout
+(``ALLREDUCE_TIMEOUT``, 30 s): a peer that never sends raises ``TransportTimeoutError`` naming
+it, never a hang.
 
 The shapes and dtypes of every channel are agreed once (:meth:`P2P.send_spec` /
 :meth:`P2P.recv_spec`, one header of 10 int64 each) and cached by the caller; after that a

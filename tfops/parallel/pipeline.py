@@ -25,8 +25,8 @@ Steps of :meth:`Pipeline.train_step`:
 
 The forward and backward of every micro-batch appear on the timeline (``ALLREDUCE_TIMELINE`` or
 ``tfops.start_timeline``) as FORWARD / BACKWARD spans on the rows ``pipeline chunk c`` (the
-whole schedule as a SCHEDULE span on the row ``pipeline``), and in :attr:`Pipeline.events` for the last step; :attr:`Pipeline.peak_live`
-counts the most forward tapes (activations) alive at once.
+whole schedule as a SCHEDULE span on the row ``pipeline``), and in :attr:`Pipeline.events` for
+the last step; :attr:`Pipeline.peak_live` counts the most forward tapes (activations) alive at once.
 
 Cost per step and rank: ``m v`` forwards and backwards of a chunk, ``2 m v`` messages each way at
 most, and the bubble ``(p-1)/(v m)`` of the compute (allreduce/schedules/grid.py).

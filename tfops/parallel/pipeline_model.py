@@ -9,7 +9,8 @@
 
 Keras calls :meth:`PipelineModel.train_step` once a batch; it runs the whole schedule and returns
 ``{"loss": ...}``: the global batch's mean loss (the same on every rank) fed to Keras' loss
-tracker, so the progress bar and ``History`` show the epoch's running mean as usual, and callbacks (``History``, early stopping, checkpoints of this rank's chunks) see as usual.
+tracker, so the progress bar, ``History`` and the other callbacks (early stopping, checkpoints of
+this rank's chunks) see the epoch's running mean as usual.
 
 The schedule is driven from Python (each action a send, a receive or an eager chunk call), so
 ``compile`` always sets ``run_eagerly=True``; inside each chunk the layers run as TensorFlow ops.
