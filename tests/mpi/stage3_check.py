@@ -23,6 +23,9 @@ own seeded batches. Checks:
    (ValueError), Adafactor (TypeError), a model that was not fully sharded (ValueError),
    DistributedGradientTape's gradients (ValueError; MismatchError from the tape itself where
    the ranks' pieces differ in size).
+   Ranks that initialised the model apart get rank 0's weights (``sync_weights``).
+6. At -np 4, over ``Mesh(tensor=2).data_set``: each data group of 2 ranks shards over itself, equals
+   DistributedOptimizer(process_set=data_set) there; the two tensor ranks' groups differ.
 Prints "rank R: stage3_check OK" at the end.
 """
 import os
@@ -48,8 +51,8 @@ LOAD_FROM = sys.argv[2] if len(sys.argv) > 2 else None
 K = keras.optimizers
 
 
-def model(widths=(5, 4, 3)):
-    keras.utils.set_random_seed(3)
+def model(widths=(5, 4, 3), seed=3):
+    keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((6,)), keras.layers.Dense(widths[0], activation="tanh"),
                              keras.layers.Dense(widths[1], activation="tanh"), keras.layers.Dense(widths[2])])
 
@@ -201,4 +204,24 @@ def tape_step():
 msg = raises_everywhere((ValueError, MismatchError), tape_step, "DistributedGradientTape")
 assert "DistributedGradientTape" in msg or "differs across ranks" in msg, msg
 print(f"rank {me}: bad input raises on every rank", flush=True)
+apart = fully_shard(model(seed=3 + me))                 # initialised apart: the pieces are cut from rank 0's
+np.testing.assert_array_equal(flat(gathered_weights(apart)), flat(model().get_weights()), err_msg=f"rank {me}: sync")
+
+# 6. over a mesh's data axis (-np 4: tensor 2 x data 2; each data group of 2 is its own world) ----
+if p == 4:
+    from tfops.parallel import Mesh
+    mesh = Mesh(tensor=2)
+    ref = model()
+    train(hvd.DistributedOptimizer(K.Adam(0.02), process_set=mesh.data_set), ref, True)
+    m = fully_shard(model(), process_set=mesh.data_set)
+    train(FullyShardedOptimizer(K.Adam(0.02)), m, True)
+    got = flat(gathered_weights(m))
+    np.testing.assert_allclose(got, flat(ref.get_weights()), rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: data_set")
+    everyone = hvd.allgather_object(got.tobytes())
+    partner = mesh.rank_of(tensor_rank=mesh.tensor_rank, data_rank=1 - mesh.data_rank)
+    other = mesh.rank_of(tensor_rank=1 - mesh.tensor_rank)
+    assert everyone[partner] == everyone[me] and everyone[other] != everyone[me], f"rank {me}: data groups"
+    assert sum(int(np.prod(v.shape)) for v in m.trainable_variables) in (N // 2, N - N // 2)
+    print(f"rank {me}: fully_shard over mesh.data_set (data rank {mesh.data_rank}): equal to DistributedOptimizer "
+          "over the set, 1/2 of the weights", flush=True)
 print(f"rank {me}: stage3_check OK", flush=True)

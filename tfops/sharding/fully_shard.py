@@ -166,7 +166,7 @@ def _patch_saving(state: FullyShardState, layer) -> None:
     object.__setattr__(layer, "load_own_variables", load_own_variables)
 
 
-def fully_shard(model, *, process_set=None, prefetch: bool = True):
+def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights: bool = True):
     """Shard every trainable weight of the built Keras 3 ``model`` over the ranks (ZeRO stage 3).
 
     Each layer of ``model.layers`` that has trainable weights becomes a unit: it gathers its
@@ -180,6 +180,10 @@ def fully_shard(model, *, process_set=None, prefetch: bool = True):
             weights all belong to its layers; the same on every rank.
         process_set: shard over these ranks only (e.g. ``mesh.data_set``); default every rank.
         prefetch: hand the next unit's gather over while the current unit computes.
+        sync_weights: cut every rank's pieces out of the first rank's whole weights (one broadcast
+            of the model, as FSDP's ``sync_module_states``), so ranks that initialised apart agree.
+            Broadcast nothing afterwards (``BroadcastGlobalVariablesCallback`` would overwrite
+            each rank's pieces with the first rank's).
 
     Returns:
         ``model``, changed in place: ``model.trainable_variables`` are this rank's pieces (flat);
@@ -202,7 +206,10 @@ def fully_shard(model, *, process_set=None, prefetch: bool = True):
         for i, full in enumerate(fulls):
             p = layout.piece(i)
             s = p.starts[comm.rank]
-            pieces.append(_make_piece(full, np.asarray(full.numpy()).reshape(-1)[s:s + p.counts[comm.rank]].copy()))
+            whole = np.ascontiguousarray(full.numpy()).reshape(-1)
+            if sync_weights and comm.size > 1:
+                whole = np.asarray(comm.broadcast(whole, 0)).reshape(-1)
+            pieces.append(_make_piece(full, whole[s:s + p.counts[comm.rank]].copy()))
             swaps[id(full)] = pieces[-1]
         units.append(Unit(len(units), layer, fulls, pieces, list(layer.non_trainable_variables), layout))
     state = FullyShardState(units, comm, UnitExchange(comm, prefetch=prefetch))
