@@ -123,17 +123,24 @@ def test_hang_at_np_3_then_faults_inside_recoveries():
     assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4], "state differs from the replay"
 
 
-def test_a_wait_that_times_out_blames_the_silent_peer_not_the_waiting_rank():
-    # -np 2: name 1 sleeps for good in its loop (its heartbeat thread runs on: only the wait sees it).
-    # Before issue 45 the waiting rank 0 raised TransportTimeoutError and left the job.
-    result = _launch(2, {"ELASTIC_KILLS": "1@2:deadlock", "ELASTIC_STEPS": "6", "ALLREDUCE_TIMEOUT": "5"},
-                     max_np=0)
+def test_a_timed_out_wait_or_a_stall_blames_the_silent_rank_not_the_waiting_ones():
+    # -np 3, no regrow. Name 1 sleeps for good in its loop (its heartbeat thread runs on: only the
+    # waits see it): ranks 0 and 2 time out (ALLREDUCE_TIMEOUT=5); one of them may wait on the other
+    # (a chain), which the table shows waiting, so only name 1 is blamed. Then name 2 sleeps between
+    # the direct and the named allreduce: its engine goes on, name 0's named allreduce fails with
+    # StallError after stall_shutdown_time (4 s), which blames name 2. Before issue 45 the waiting
+    # ranks raised and left the job.
+    result = _launch(3, {"ELASTIC_KILLS": "1@2:deadlock,2@7:stall", "ELASTIC_STEPS": "10", "ALLREDUCE_TIMEOUT": "5",
+                         "ALLREDUCE_STALL_SHUTDOWN_TIME": "4"}, max_np=0)
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]
     summary = _summary(result.stderr)
-    assert re.search(r"evicted rank 1 of 2 \(name 1, pid \d+ on \S+\) with SIGKILL: did not answer for 5 s "
+    assert re.search(r"evicted rank 1 of 3 \(name 1, pid \d+ on \S+\) with SIGKILL: did not answer for 5 s "
                      r"\(ALLREDUCE_TIMEOUT: TransportTimeoutError waiting for it\)", summary), summary
-    assert summary.startswith("allreduce-run: elastic job finished with 1 of 2 ranks"), summary
+    assert re.search(r"evicted rank 1 of 2 \(name 2, pid \d+ on \S+\) with SIGKILL: never submitted a tensor the "
+                     r"others did, within stall_shutdown_time \(4 s", summary), summary
+    assert len(re.findall(r"evicted rank", summary)) == 2, summary
+    assert summary.startswith("allreduce-run: elastic job finished with 1 of 3 ranks"), summary
     finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", result.stdout, re.M)
     assert [f[0] for f in finals] == ["0"], text[-3000:]
     w, v = elastic_chaos.replay([int(n) for n in finals[0][4].split(",")])

@@ -24,7 +24,8 @@ and ignores the repeats. A rank whose own wait timed out (``TransportTimeoutErro
 a silence the heartbeat does not show, such as a deadlock in user code with the
 GIL free, or a peer on another host) blames the rank it waited for with
 :func:`blame`, unless that rank is itself waiting (its ``waited`` stamp,
-written by every check of a slow wait: :data:`allreduce.transport.liveness.wait_hook`).
+written by every check of a slow wait of the caller's threads, not the engine's:
+:data:`allreduce.transport.liveness.wait_hook`).
 
 The bound is ``elastic_hang_timeout`` (``ALLREDUCE_ELASTIC_HANG_TIMEOUT``; 0, the
 default, means ``timeout``, ``ALLREDUCE_TIMEOUT``, 30 s). Shorter: a faster
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import signal
 import socket
 import threading
@@ -51,12 +53,13 @@ import time
 
 import numpy as np
 
+from ..errors import StallError
 from ..transport import liveness
 from . import world
 from .evict import start_time, table_path
 from .launch import MARK
 
-__all__ = ["start", "finish", "blame", "suspects", "table_path", "BEAT", "FALLBACK"]
+__all__ = ["start", "finish", "blame", "blame_stalled", "stalled_ranks", "suspects", "table_path", "BEAT", "FALLBACK"]
 
 BEAT = 0.25            #: seconds between two beats (and two looks)
 FALLBACK = 5.0         #: seconds after a line before the reporting rank kills the process itself
@@ -114,7 +117,10 @@ def _describe(rank: int) -> str:
 
 
 def _waiting() -> None:
-    _table[_me][WAITED] = time.monotonic()
+    # Only a wait of the caller's threads counts: the engine thread negotiates every cycle whatever
+    # the training loop does, so its waits would make a rank stuck in user code look like a waiter.
+    if not threading.current_thread().name.startswith("allreduce-engine"):
+        _table[_me][WAITED] = time.monotonic()
 
 
 def _run() -> None:
@@ -171,6 +177,29 @@ def blame(peer: int, exc: BaseException) -> list[int]:
     timeout = api.communicator().config.timeout if api.is_initialized() else 0.0
     _report(name, f"did not answer for {timeout:g} s (ALLREDUCE_TIMEOUT: {type(exc).__name__} waiting for it)")
     return [name]
+
+
+_NEVER_BY = re.compile(r"after stall_shutdown_time=([\d.]+) s: submitted by rank\(s\) [\d, ]+, never by rank\(s\) ([\d, ]+)\.")
+
+
+def stalled_ranks(exc: BaseException) -> tuple[list[int], str]:
+    """The ranks a ``StallError`` past ``stall_shutdown_time`` says never submitted, and the limit;
+    ([], "") for anything else (an out-of-step ``StallError`` blames nobody: every rank waits there)."""
+    match = _NEVER_BY.search(str(exc)) if isinstance(exc, StallError) else None
+    return ([int(r) for r in match.group(2).split(", ")], match.group(1)) if match else ([], "")
+
+
+def blame_stalled(ranks: list[int], limit: str) -> list[int]:
+    """This rank's named allreduce stalled past ``stall_shutdown_time``: name the ranks that never
+    submitted it (every rank that did gets the same error text, so all name the same ranks). No
+    "waiting" check here: the stalled rank's engine thread goes on negotiating, so it stamps."""
+    names, me, blamed = world.names(), _me, []
+    for rank in ranks:
+        if 0 <= rank < len(names) and names[rank] != me:
+            _report(names[rank], f"never submitted a tensor the others did, within stall_shutdown_time "
+                                 f"({limit} s, ALLREDUCE_STALL_SHUTDOWN_TIME: StallError)")
+            blamed.append(names[rank])
+    return blamed
 
 
 def _stale_why(silent: float) -> str:

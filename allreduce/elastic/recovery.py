@@ -22,6 +22,8 @@
           (loop) sync sends them the commit, call train again
         a wait timed out (TransportTimeoutError): the peer it waited for is silent, not this
           rank: blame it (.heartbeat: the launcher SIGKILLs it), then recover as after a death
+        a named allreduce failed with StallError past stall_shutdown_time: blame the ranks that
+          never submitted it, the same way
         a rank on this node stops beating for elastic_hang_timeout (.heartbeat's thread): the
           same eviction; the survivors' waits then see a death
         any other Exception on this rank (under --elastic): this rank leaves the job
@@ -112,8 +114,11 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
                 if not _elastic():
                     raise                         # allreduce.faults aborts the job
                 peer = silent_peer(exc)           # a wait timed out: the silent peer's fault, not ours
+                stalled, limit = heartbeat.stalled_ranks(exc)
                 if peer is not None:
                     heartbeat.blame(peer, exc)    # the launcher evicts it; the shrink below waits for that
+                elif stalled:
+                    heartbeat.blame_stalled(stalled, limit)     # the same, for a tensor never submitted
                 elif not is_failure(exc):
                     if isinstance(exc, Exception):
                         failure.leave(exc)        # never returns: the others see a death

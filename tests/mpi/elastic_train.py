@@ -21,6 +21,8 @@ SIGKILLs itself at that step, in that phase:
   alive but silent (allreduce/elastic/heartbeat.py evicts it);
 * ``deadlock``: sleeps for good in its training loop, its heartbeat thread still running (a
   deadlock in user code with the GIL free): its peers' waits time out and blame it;
+* ``stall``: sleeps for good between the direct allreduce and the named one: its engine
+  thread goes on, the others' named allreduce fails with ``StallError`` and blames it;
 * ``slow``: stops itself with SIGSTOP and a helper process sends SIGCONT
   ``ELASTIC_SLOW_SECONDS`` (2) later: slow, not hung (it must not be evicted);
 * ``spawn``: 0.2 s after the commit at that step, while the parents wait in
@@ -244,6 +246,9 @@ def main() -> None:
                 total = ar.allreduce(big, op=ar.Sum, algorithm=algo)
             maybe_die(s, "engine")
             maybe_raise(s, "collective")
+            if KILLS.get((ME, s)) == "stall":
+                print(f"STALL {ME} step {s} at {time.time():.6f}", flush=True)
+                time.sleep(3600)
             twice = ar.allreduce(g, op=ar.Sum, name=f"g{s % 4}")     # the engine: negotiated, fused
             if not np.array_equal(total[:N], twice):
                 raise AssertionError(f"step {s}: direct and engine sums differ")
