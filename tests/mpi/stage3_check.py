@@ -17,6 +17,8 @@ own seeded batches. Checks:
 3. model.fit (Adam) equals DistributedOptimizer's model.fit; then model.save writes DIR/model.keras
    (whole weights and whole Adam state: every rank calls save; rank 0's path is the real one)
    and DIR/state.npz (what it must hold, gathered by hand).
+   A model with BatchNormalization and Dropout (seeded) trains as DistributedOptimizer's: the
+   recompute in backward uses the forward's dropout mask and statistics.
 4. With LOAD_FROM: its model.keras loads into a fully sharded model here (re-cut for this rank
    count) and into a plain model + plain Adam; both hold LOAD_FROM/state.npz.
 5. Bad input, on every rank: a different model on the last rank (MismatchError), wrapping twice
@@ -155,6 +157,22 @@ opt.save_own_variables(store)
 if me == 0:
     np.savez(os.path.join(OUT, "state.npz"), *whole, *[store[str(i)] for i in range(len(store))])
 print(f"rank {me}: model.fit equals DistributedOptimizer's; model.save at -np {p}", flush=True)
+
+# 3b. layers with state: BatchNormalization's statistics and a Dropout mask that backward's recompute must repeat
+def stateful():
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
+                             keras.layers.Dropout(0.5, seed=1), keras.layers.Dense(3)])
+
+
+results = []
+for m in (stateful(), fully_shard(stateful())):
+    opt = FullyShardedOptimizer(K.Adam(0.01)) if state_of(m) else hvd.DistributedOptimizer(K.Adam(0.01))
+    m.compile(optimizer=opt, loss="mse", jit_compile=False)
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    results.append(flat(gathered_weights(m)))          # whole weights, then this rank's BatchNorm statistics
+np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: BatchNorm + Dropout")
+print(f"rank {me}: BatchNormalization + Dropout: model.fit equals DistributedOptimizer's", flush=True)
 
 # 4. the files of another rank count --------------------------------------------------------
 if LOAD_FROM:
