@@ -63,6 +63,46 @@ def test_layout_owns_every_element_once(sizes, p, bucket_bytes):
         assert [max(b.vars) for b in bks] == sorted((max(b.vars) for b in bks), reverse=True)  # backprop order
 
 
+class _Comm:
+    """What reducescatter_bucket reads of a communicator, over an in-process thread transport."""
+
+    def __init__(self, transport):
+        from allreduce.buffers import Workspace
+        self.transport, self.rank, self.size, self.workspace = transport, transport.rank, transport.size, Workspace()
+
+    def check_agreement(self, *args, **kwargs):
+        pass
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("keep_input", [False, True])
+def test_blocked_reducescatter_same_bits_and_scratch_bounded_to_a_block(p, keep_input):
+    # issue 44: a bucket's ring run a block of every piece at a time gives the one-call ring's bits, and its
+    # workspace slots hold a block (rounded up to a power of two), not a piece of the bucket
+    from allreduce.transport.threads import run_threads
+    from tfops.sharding.exchange import reducescatter_bucket
+    n = 1001
+    bucket = shards([_Var((n,))], 0, p, bucket_bytes=4 * n)[0].buckets[0]
+    inputs = [np.random.default_rng(r).standard_normal(n).astype("f4") for r in range(p)]
+
+    def body(t, block):
+        comm, buf = _Comm(t), inputs[t.rank].copy()
+        buf.setflags(write=not keep_input)               # a kept input is only read
+        out = np.empty(bucket.counts[t.rank], "f4")
+        reducescatter_bucket(buf, bucket, out, comm=comm, keep_input=keep_input, block=block)
+        return out, comm.workspace.nbytes()
+    whole = run_threads(p, lambda t: body(t, None), timeout=60)
+    want = np.sum(np.array(inputs, "f8"), axis=0) / p
+    for block in (1, 7, 64):
+        got = run_threads(p, lambda t: body(t, block), timeout=60)
+        for r in range(p):
+            assert got[r][0].tobytes() == whole[r][0].tobytes(), (block, r)
+            lo, hi = bucket.piece(r)
+            np.testing.assert_allclose(got[r][0], want[lo:hi], rtol=1e-5, atol=1e-6)
+            slots = 2 if keep_input else 1
+            assert got[r][1] <= slots * max(64, 2 * 4 * block), (block, got[r][1])   # a block, to a power of two
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(3 * TIMEOUT + 30)
 def test_sharded_optimizer_at_2_3_and_4_ranks(tmp_path):

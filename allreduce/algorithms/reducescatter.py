@@ -61,7 +61,7 @@ TAG = 15
 
 
 def reducescatter(comm: Transport, buf: np.ndarray, out: np.ndarray, counts: Sequence[int], op: Op, *,
-                  workspace: Workspace, keep_input: bool = False) -> None:
+                  workspace: Workspace, keep_input: bool = False, offsets: Sequence[int] | None = None) -> None:
     """Reduce ``buf`` with ``op`` across ranks; write this rank's segment to ``out``.
 
     Args:
@@ -74,13 +74,17 @@ def reducescatter(comm: Transport, buf: np.ndarray, out: np.ndarray, counts: Seq
         workspace: scratch buffers reused across calls.
         keep_input: leave ``buf`` unchanged (it is only read); partial sums go to two
             workspace slots of ``max(counts)`` elements.
+        offsets: where each rank's segment starts in ``buf`` (default: end to end from 0). A
+            caller that reduces its segments a block at a time (the same slice of every segment
+            per call) bounds the workspace slots to a block.
     """
     p, rank = comm.size, comm.rank
-    offsets = [0] * p
-    for r in range(1, p):
-        offsets[r] = offsets[r - 1] + counts[r - 1]
+    if offsets is None:
+        offsets = [0] * p
+        for r in range(1, p):
+            offsets[r] = offsets[r - 1] + counts[r - 1]
     if p == 1:
-        kernels.copy_into(out, buf[:counts[0]])
+        kernels.copy_into(out, buf[offsets[0]:offsets[0] + counts[0]])
         kernels.finish(out, op, 1)
         return
     slots = [workspace.get("reducescatter.slot", max(counts), buf.dtype)]

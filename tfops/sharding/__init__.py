@@ -14,7 +14,7 @@ The bytes on the wire are the same, 2 (p-1)/p n per rank; what each rank keeps s
     stage         per rank (Adam, float32, N parameters)              at p = 4
     ============  ==================================================  ========
     unsharded     4N weights + 4N gradients + 8N slots                 16N
-    1 (states)    4N + 4N gradient buffer + 4N/p slice + 8N/p slots    11N
+    1 (states)    4N + 4N gradients + 4N/p slice + 8N/p slots          11N
     2 (+ grads)   4N + 4N/p gradient + 4N/p slice + 8N/p (+ a bucket)  8N
     ============  ==================================================  ========
 

@@ -69,6 +69,11 @@ def communicator_of(process_set):
     return process_set.communicator
 
 
+KEEP_PACKS = 2
+"""Free pack buffers kept per dtype between steps (each at most a bucket): stage 1, with no bound
+in flight, may pack every small bucket at once; keeping them all would hold their total."""
+
+
 class ReduceScatters:
     """One step's reduce-scatters, run in submission order on one thread of their own.
 
@@ -82,21 +87,25 @@ class ReduceScatters:
     everywhere). (Aligned per-segment arrays, which TF takes without its copy, were tried: they
     peaked 128 MiB higher at 151 M parameters, -np 4; why was not found.)
 
-    What a bucket's ring reads (``submit``):
+    What a bucket's ring reads (``submit``), in both stages:
 
-    - stage 1: the bucket's range of the persistent flat gradient buffer, which it overwrites;
-    - stage 2, one variable: TF's gradient itself, read in place (``keep_input``: the ring's
-      partial sums go to two slots of a piece each), held until its ring is done, then freed;
-    - stage 2, several variables (each smaller than a bucket): packed into a buffer reused from
-      step to step (``_packs``), so glibc sees no new allocation per bucket.
+    - one variable: TF's gradient itself, read in place (``keep_input``), held until its ring is
+      done, then freed;
+    - several variables (each smaller than a bucket): packed into a buffer reused from step to
+      step (``_packs``, at most :data:`KEEP_PACKS` kept between steps, each at most a bucket).
 
-    Stage 2 bounds the bytes in flight (:data:`IN_FLIGHT_BYTES`).
+    Nothing this class keeps between steps is larger than a bucket: a bucket's ring runs a block
+    of ``block_bytes`` of every piece at a time (:func:`reducescatter_bucket`), so the ring's two
+    workspace slots are a block each, not a piece of the largest variable (at p = 2 those were
+    half the model, rounded up to a power of two, kept for the run). Stage 2 bounds the bytes in
+    flight (``in_flight_bytes``, :data:`IN_FLIGHT_BYTES`); stage 1 (None) lets every gradient wait
+    for its ring, the 4N of its formula: TF's gradients, not a copy of them.
     """
 
     _worker: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def __init__(self, shards: list[Shard], *, comm, in_flight_bytes: int | None = None):
-        self._shards, self._comm = shards, comm
+    def __init__(self, shards: list[Shard], *, comm, block_bytes: int, in_flight_bytes: int | None = None):
+        self._shards, self._comm, self._block_bytes = shards, comm, block_bytes
         self._pending: list[concurrent.futures.Future] = []
         self._slices: dict[int, np.ndarray] = {}
         self._limit = in_flight_bytes
@@ -112,11 +121,9 @@ class ReduceScatters:
             cls._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfops-shard-rs")
         return cls._worker
 
-    def submit(self, arrays: list[np.ndarray], k: int, b: int, buf: np.ndarray | None, *,
-               first: bool = False) -> int:
+    def submit(self, arrays: list[np.ndarray], k: int, b: int, *, first: bool = False) -> int:
         """Queue the ring of bucket ``b`` of shard ``k`` over ``arrays`` (the gradients of its
-        variables, ascending). ``buf``: stage 1's persistent range (overwritten); None: stage 2
-        (see the class). Returns the bucket's position in the queue."""
+        variables, ascending; see the class). Returns the bucket's position in the queue."""
         shard = self._shards[k]
         bucket = shard.buckets[b]
         dtype = np.dtype(shard.dtype)
@@ -125,9 +132,7 @@ class ReduceScatters:
         nbytes = n * dtype.itemsize if self._limit is not None else 0
         self._admit(nbytes)                              # stage 2: wait for room (before taking any)
         try:
-            if buf is not None:
-                self._pack(arrays, shard, bucket, buf)
-            elif len(arrays) == 1:
+            if len(arrays) == 1:
                 buf, keep = np.ascontiguousarray(arrays[0], dtype).reshape(-1), True
             else:
                 pack = self._take_pack(k)
@@ -139,12 +144,14 @@ class ReduceScatters:
             self._release(nbytes)                        # else the next step's hand-over would wait forever
             raise
         hold = [buf]                                     # the ring drops it the moment it is done
+        block = max(1, self._block_bytes // dtype.itemsize)
 
         def ring():
             try:
-                reducescatter_bucket(hold.pop(), bucket, out, comm=self._comm, first=first, keep_input=keep)
+                reducescatter_bucket(hold.pop(), bucket, out, comm=self._comm, first=first, keep_input=keep,
+                                     block=block)
             finally:
-                if pack is not None:
+                if pack is not None and len(self._packs[k]) < KEEP_PACKS:
                     self._packs[k].append(pack)
                 self._release(nbytes)
         self._pending.append(self._pool().submit(ring))
@@ -192,19 +199,25 @@ class ReduceScatters:
 
 
 def reducescatter_bucket(buf: np.ndarray, bucket: Bucket, out: np.ndarray, *, comm=None, first: bool = False,
-                         keep_input: bool = False) -> np.ndarray:
+                         keep_input: bool = False, block: int | None = None) -> np.ndarray:
     """Average ``buf`` (a bucket laid out flat) over the ranks into ``out`` (this rank's piece,
     ``bucket.counts[rank]`` elements), which it returns. ``buf`` is
     overwritten by the ring unless ``keep_input``. ``first``: the step's first collective, which
     meets the other ranks through :func:`tfops.ops.in_step`; the step's later ones follow in the
     same order on every rank (one rendezvous a step, not one per bucket: ~0.1 ms each). ``comm``:
-    the communicator (default the world's)."""
+    the communicator (default the world's). ``block``: reduce ``block`` elements of every piece
+    per ring (the same slice of each), so the ring's scratch is a block, not a piece; the same
+    additions in the same order, so the same bits. Cost: (p-1) alpha more per extra block."""
     comm = comm or ar.communicator()
+    starts = [bucket.piece(r)[0] - bucket.start for r in range(len(bucket.counts))]
+    step = block or max(bucket.counts)
 
     def run():
         comm.check_agreement("reducescatter", count=buf.size, dtype=dtype_code(buf.dtype), op=int(ar.Average))
-        _ring_reducescatter(comm.transport, buf, out, bucket.counts, ar.Average, workspace=comm.workspace,
-                            keep_input=keep_input)
+        for at in range(0, max(max(bucket.counts), 1), step):
+            counts = [min(max(c - at, 0), step) for c in bucket.counts]
+            _ring_reducescatter(comm.transport, buf, out[at:at + counts[comm.rank]], counts, ar.Average,
+                                workspace=comm.workspace, keep_input=keep_input, offsets=[s + at for s in starts])
     in_step(run, comm)() if first else run()
     return out
 

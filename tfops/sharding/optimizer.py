@@ -23,12 +23,15 @@ Memory per rank, float32, Adam (K = 8 bytes of slots per parameter), N parameter
 inner optimizer's own copy of this rank's slice of the weights is the 4N/p term:
 
     unsharded   4N weights + 4N gradients + KN slots                          = 16N
-    stage 1     4N weights + 4N gradient buffer + 4N/p slice + KN/p slots     = 8N + 12N/p
+    stage 1     4N weights + 4N gradients + 4N/p slice + KN/p slots           = 8N + 12N/p
     stage 2     4N weights + 4N/p gradient + 4N/p slice + KN/p (+ one bucket) = 4N + 16N/p
 
-Stage 1 reduce-scatters out of one persistent full-size flat gradient buffer (DeepSpeed's
-stage 1). Stage 2 reads a large variable's gradient where TF left it (the ring's ``keep_input``)
-and packs small ones into reused buffers, keeps only its part of the slice, and lets each
+Both stages read a large variable's gradient where TF left it (the ring's ``keep_input``) and
+pack small ones into reused buffers of at most a bucket; each ring runs a bucket's pieces a
+block (``bucket_bytes``) at a time, so its scratch is a block. Nothing kept between steps is
+larger than a bucket beyond what the formula counts (issue 44: a persistent full-size gradient
+copy and ring slots of half the model at p = 2 were). Stage 1's 4N of gradients is TF's own,
+every gradient waiting for its ring; stage 2 keeps only its part of the slice and lets each
 bucket's gradients go once its ring is done; at most :data:`.exchange.IN_FLIGHT_BYTES` of
 gradients wait for the link, so a ring slower than backprop holds backprop back rather than
 every gradient. TensorFlow's own copies and glibc's heaps come on top: see BENCHMARKS.md
@@ -67,6 +70,11 @@ variable larger than this is a bucket of its own; the ring sends it in 256 KiB m
 def _listed(outputs) -> list:
     """``tf.numpy_function``'s outputs as a list (with one output, TF returns it bare)."""
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def _release() -> np.int32:
+    """A py_func call: TF drops the numpy arrays whose tensors died since the last one."""
+    return np.int32(0)
 
 
 def _shard_state_is_not_saved(store) -> None:
@@ -140,9 +148,8 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
                 inner._var_key(sv) for s, sv in zip(segs, self._seg_vars) if inner._var_key(var_list[s.var]) in self._excluded}
             inner._exclude_from_weight_decay_cache = {}
         inner.build(self._seg_vars)
-        # stage 1: one persistent flat gradient buffer (DeepSpeed's); stage 2: a buffer per bucket in flight
-        self._buffers = {sh.dtype: np.zeros(sh.total, sh.dtype) for sh in self._shards} if self.stage == 1 else {}
-        self._exchange = ReduceScatters(self._shards, comm=comm,
+        # both stages read TF's gradients (packing small ones); stage 2 bounds the gradients in flight
+        self._exchange = ReduceScatters(self._shards, comm=comm, block_bytes=self.bucket_bytes or BUCKET_BYTES,
                                         in_flight_bytes=exchange.IN_FLIGHT_BYTES if self.stage == 2 else None)
         self._laid_out_for, self._state_view = (ar.rank(), ar.size()), None
 
@@ -198,9 +205,8 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         pending, groups, tokens = self._exchange, [], []
         for k, sh in enumerate(self._shards):
             for b, bk in enumerate(sh.buckets):           # backprop order: the last variables' bucket first
-                def submit(*arrays, k=k, b=b, sh=sh, bk=bk, first=not tokens):
-                    buf = self._buffers[sh.dtype][bk.start:bk.stop] if self.stage == 1 else None
-                    return np.int32(pending.submit(list(arrays), k, b, buf, first=first))
+                def submit(*arrays, k=k, b=b, first=not tokens):
+                    return np.int32(pending.submit(list(arrays), k, b, first=first))
                 xs = [tf.cast(tf.convert_to_tensor(grads[v]), sh.dtype) for v in bk.vars]
                 tokens.append(tf.numpy_function(tf_typed(submit), xs, tf.int32, stateful=True, name="tfops_shard_rs"))
                 groups.append(xs)
@@ -216,16 +222,20 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         return parts
 
     def _gather_into_model(self) -> None:
-        comm = self._comm()
+        comm, assigns = self._comm(), []
         for sh in self._shards:
-            mine = [sv for s, sv in zip(self._segments, self._seg_vars) if s.var in sh.vars]
-            flat_mine = tf.concat([tf.convert_to_tensor(v) for v in mine], 0)    # this rank's slice
-            for bk, at in zip(sh.buckets, sh.piece_at):   # the same order as the reduce-scatters
-                part = flat_mine[at:at + bk.counts[comm.rank]]
+            for bk in sh.buckets:                         # the same order as the reduce-scatters
+                mine = [tf.convert_to_tensor(sv) for s, sv in zip(self._segments, self._seg_vars) if s.var in bk.vars]
+                part = mine[0] if len(mine) == 1 else tf.concat(mine, 0)   # this rank's piece (one segment: no copy)
                 fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk, comm=comm)), [part],
                                           [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")
                 for v, full in zip(bk.vars, _listed(fulls)):
-                    self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape))
+                    assigns.append(self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape)))
+        # TF frees a variable's previous value, when it wraps a numpy array (the last step's
+        # allgather result), only at the next py_func call (its delayed numpy decref): make that
+        # call now, or the old weights stay resident until the next step's backprop
+        with tf.control_dependencies([a for a in assigns if a is not None and not isinstance(a, keras.Variable)]):
+            tf.numpy_function(_release, [], tf.int32, stateful=True, name="tfops_shard_release")
 
     # -- checkpoints: the whole state, gathered (.state) ------------------------------------
     def _gathered(self) -> GatheredState:
