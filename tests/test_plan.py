@@ -72,6 +72,10 @@ def test_korthikanti_activation_formula():
     # fp32 without dropout: 16 elements of 4 bytes and the scores once
     m32 = Transformer(4, 1024, 16, 2048, 1000, dropout=False)
     assert layer_activation_bytes(m32, Layout(micro_batch=b), FP32) == pytest.approx(s * b * h * (64 + 4 * a * s / h))
+    # Keras layers on TF (examples/gpt.py): layernorms keep 2 arrays each, exact GELU 4 f-wide ones
+    keras_ = Transformer(4, 1024, 16, 2048, 1000, dropout=False, kept="keras")
+    assert layer_activation_bytes(keras_, Layout(micro_batch=b, tensor=2), FP32) == pytest.approx(
+        4 * s * b * h * (6 + (4 + 16) / 2) + 4 * a * s * s * b / 2)
 
 
 def test_megatron_8_3b_needs_tensor_8_on_32gb_v100s():

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         m.add_argument(f"--{name}", type=int)
     m.add_argument("--no-dropout", action="store_true", help="no dropout masks are kept")
     m.add_argument("--untied", action="store_true", help="the output layer has weights of its own")
+    m.add_argument("--kept", choices=("megatron", "keras"), default="megatron", help="what a layer keeps for "
+                   "backward: Korthikanti's count, or Keras layers on TensorFlow (examples/gpt.py)")
     d = ap.add_argument_group("devices")
     d.add_argument("--devices", type=int, required=True, metavar="N")
     d.add_argument("--memory", type=parse_size, default=float("inf"), help="per device: 32GiB, 80GB, ...")
@@ -104,7 +106,7 @@ def build_model(args) -> Params | Transformer:
         raise SystemExit("allreduce-plan: a transformer needs all of --layers --hidden --heads --seq --vocab")
     try:
         return Transformer(*shape, ffn=args.ffn or 0, dropout=not args.no_dropout, tied=not args.untied,
-                           name="transformer")
+                           kept=args.kept, name="transformer")
     except ValueError as exc:
         raise SystemExit(f"allreduce-plan: {exc}") from None
 

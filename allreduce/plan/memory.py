@@ -17,7 +17,8 @@ gradient and the optimizer state)::
 
 Mixed-precision Adam (w, g, k = 2, 2, 12), 7.5 B on 64 GPUs: 120, 31.4, 16.6, 1.9 GB.
 
-Activations of one layer for one micro-batch (Korthikanti et al. 2022, section 4: bytes
+Activations of one layer for one micro-batch (``Transformer.kept="megatron"``; "keras" keeps
+more, see :data:`KEPT`) (Korthikanti et al. 2022, section 4: bytes
 s b h (34 + 5 a s / h) in fp16 with dropout). In elements: 4 s b h that tensor parallelism
 does not split (2 layernorm inputs, the QKV input, the MLP input), 4 s b h + 2 s b f that it
 does (Q, K, V, the projection's input, the MLP's two f-wide arrays), and a s^2 b attention
@@ -40,6 +41,15 @@ from .model import Params, Precision, Transformer
 __all__ = ["Layout", "Breakdown", "RECOMPUTE", "memory", "zero_bytes"]
 
 RECOMPUTE = ("none", "selective", "full")
+
+#: Elements of s*b*h one layer keeps: (not split by t, split by t, and x f/h split by t), by what
+#: implements the layer. "megatron": Korthikanti's count (fused kernels): 2 layernorm inputs plus
+#: the attention's and the MLP's inputs; Q, K, V and the projection's input; the MLP's two f-wide
+#: arrays. "keras": the same layer from Keras 3 layers on TensorFlow, as the traced step of
+#: examples/gpt.py keeps them (benchmarks/plan_bench.py counts them): each LayerNormalization
+#: keeps its normalized product as well as its input (+2), and the exact GELU keeps erfc, x*erfc
+#: and x^2 besides its output (+2 f-wide arrays).
+KEPT = {"megatron": (4, 4, 2), "keras": (6, 4, 4)}
 
 
 @dataclass(frozen=True)
@@ -168,8 +178,9 @@ def layer_activation_bytes(model: Transformer, layout: Layout, precision: Precis
     rec = layout.recompute if recompute is None else recompute
     if rec == "full":
         return s * b * h * e / t_sp
-    unsplit = s * b * h * (4 * e + masks) / t_sp
-    split = s * b * h * e * (4 + 2 * f / h) / t
+    unsplit_n, split_n, per_f = KEPT[model.kept]
+    unsplit = s * b * h * (unsplit_n * e + masks) / t_sp
+    split = s * b * h * e * (split_n + per_f * f / h) / t
     scores = 0.0 if rec == "selective" else a * s * s * b * ((2 * e + 1) if model.dropout else e) / t
     return unsplit + split + scores
 

@@ -78,6 +78,7 @@ class Transformer:
     ffn: int = 0                   #: MLP width; 0: 4 * hidden
     dropout: bool = True           #: dropout masks are kept for backward (1 byte an element)
     tied: bool = True              #: the output layer reuses the embedding
+    kept: str = "megatron"         #: what the layer keeps for backward (memory.KEPT): "megatron" or "keras"
     name: str = "transformer"
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -85,6 +86,8 @@ class Transformer:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
             if getattr(self, name) < 1:
                 raise ValueError(f"a transformer needs {name} >= 1, got {getattr(self, name)}")
+        if self.kept not in ("megatron", "keras"):
+            raise ValueError(f"kept is 'megatron' or 'keras', got {self.kept!r}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} does not divide into {self.heads} heads")
 
