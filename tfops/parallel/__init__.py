@@ -23,6 +23,7 @@ from .errors import MeshError, MismatchError, ShapeError
 from .mesh import Mesh
 from .pipeline import Pipeline              # issue 43: pipeline parallelism (schedules in allreduce/schedules)
 from .pipeline_model import PipelineModel
+from .recompute import selective_recompute  # issue 44: recompute the attention core in backprop (Korthikanti)
 from .regions import (allreduce_sequence_parallel_gradients, copy_to_tensor_region, gather_from_sequence_region, gather_from_tensor_region,
                       reduce_from_tensor_region, reduce_scatter_to_sequence_region, scatter_to_sequence_region,
                       scatter_to_tensor_region)
@@ -31,4 +32,4 @@ __all__ = ["Mesh", "Pipeline", "PipelineModel", "MeshError", "ShapeError", "Mism
            "VocabParallelEmbedding", "ParallelMultiHeadAttention", "vocab_parallel_cross_entropy",
            "copy_to_tensor_region", "reduce_from_tensor_region", "scatter_to_tensor_region",
            "gather_from_tensor_region", "gather_from_sequence_region", "reduce_scatter_to_sequence_region",
-           "scatter_to_sequence_region", "allreduce_sequence_parallel_gradients"]
+           "scatter_to_sequence_region", "allreduce_sequence_parallel_gradients", "selective_recompute"]

@@ -22,7 +22,8 @@ below, so communication overlaps the rest of backprop, as PyTorch DDP's
 bucket hooks do. ``wait`` blocks on the handles. The forward pass sees the
 variables through ``keras.StatelessScope``; updates the forward makes to
 other variables (batch-norm statistics, dropout seeds) are written back when
-``forward()`` exits.
+``forward()`` exits. Recompute (``keras.remat``, ``keras.RematScope``) inside ``forward()``
+recomputes under the same hooked reads (:mod:`.remat`): each hook still fires once.
 
 The engine's timeline shows the overlap: with ``ALLREDUCE_TIMELINE`` set,
 ``examples/synthetic_benchmark.py --mode hooks`` reports how many allreduces
@@ -44,12 +45,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from . import remat
 from .gradients import gradient_names
 from ..collectives.compression import Compression, check_comm_hook, check_compression
 from ..collectives.dispatch import Average, Sum, check_op, numpy_call, submit, wait
 from ..collectives.ops import allreduce
 
 __all__ = ["GradientHooks"]
+
+remat.install()       # keras.remat / RematScope: recompute reading forward()'s hooked tensors, and in a tf.function
 
 
 class GradientHooks:
