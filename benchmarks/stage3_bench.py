@@ -51,13 +51,18 @@ def _stepper(model, opt, x, y):
 
 
 def _setup(mode, widths):
-    """(model, optimizer) for ``mode``: unsharded, stage2, stage3, stage3-noprefetch."""
+    """(model, optimizer) for ``mode``: unsharded, stage2, stage3, stage3-noprefetch, or stage3-lazy
+    (the Sequential built layer by layer inside ``fully_shard(input_shape=)``: never whole)."""
     import keras
     import tfops
     from tfops.sharding.fully_shard import fully_shard
     from tfops.sharding.stage3 import FullyShardedOptimizer
-    model = _model(widths)
     inner = keras.optimizers.Adam(1e-4)
+    if mode == "stage3-lazy":
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.layers.Dense(w) for w in widths[1:]])
+        return fully_shard(model, input_shape=(None, widths[0])), FullyShardedOptimizer(inner)
+    model = _model(widths)
     if mode == "unsharded":
         return model, tfops.DistributedOptimizer(inner)
     if mode == "stage2":

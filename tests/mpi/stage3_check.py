@@ -25,7 +25,8 @@ own seeded batches. Checks:
    (ValueError), Adafactor (TypeError), a model that was not fully sharded (ValueError),
    DistributedGradientTape's gradients (ValueError; MismatchError from the tape itself where
    the ranks' pieces differ in size).
-   Ranks that initialised the model apart get rank 0's weights (``sync_weights``).
+   Ranks that initialised the model apart get rank 0's weights (``sync_weights``); a Sequential
+   built layer by layer inside ``fully_shard(input_shape=)`` holds the weights a built one does.
 6. At -np 4, over ``Mesh(tensor=2).data_set``: each data group of 2 ranks shards over itself, equals
    DistributedOptimizer(process_set=data_set) there; the two tensor ranks' groups differ.
 Prints "rank R: stage3_check OK" at the end.
@@ -222,6 +223,10 @@ def tape_step():
 msg = raises_everywhere((ValueError, MismatchError), tape_step, "DistributedGradientTape")
 assert "DistributedGradientTape" in msg or "differs across ranks" in msg, msg
 print(f"rank {me}: bad input raises on every rank", flush=True)
+keras.utils.set_random_seed(3)                          # a Sequential built layer by layer, cut as it goes
+lazy = fully_shard(keras.Sequential([keras.layers.Dense(w, activation=a) for w, a in ((5, "tanh"), (4, "tanh"), (3, None))]),
+                   input_shape=(None, 6))
+np.testing.assert_array_equal(flat(gathered_weights(lazy)), flat(model().get_weights()), err_msg=f"rank {me}: lazy")
 apart = fully_shard(model(seed=3 + me))                 # initialised apart: the pieces are cut from rank 0's
 np.testing.assert_array_equal(flat(gathered_weights(apart)), flat(model().get_weights()), err_msg=f"rank {me}: sync")
 

@@ -166,7 +166,31 @@ def _patch_saving(state: FullyShardState, layer) -> None:
     object.__setattr__(layer, "load_own_variables", load_own_variables)
 
 
-def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights: bool = True):
+def _cut(layer, index: int, comm, turn: int, sync_weights: bool, swaps: dict):
+    """The :class:`Unit` of ``layer``: its weights' layout and this rank's pieces (``swaps``: whole
+    weight id -> piece); and the next unit's ``turn``."""
+    fulls = list(layer.trainable_variables)
+    layout, turn = UnitLayout.of([tuple(v.shape) for v in fulls], [tf.as_dtype(v.dtype).name for v in fulls],
+                                 comm.size, turn)
+    pieces = []
+    for i, full in enumerate(fulls):
+        p = layout.piece(i)
+        s = p.starts[comm.rank]
+        whole = np.ascontiguousarray(full.numpy()).reshape(-1)
+        if sync_weights and comm.size > 1:
+            whole = np.asarray(comm.broadcast(whole, 0)).reshape(-1)
+        pieces.append(_make_piece(full, whole[s:s + p.counts[comm.rank]].copy()))
+        swaps[id(full)] = pieces[-1]
+    return Unit(index, layer, fulls, pieces, list(layer.non_trainable_variables), layout), turn
+
+
+def _release(unit: Unit) -> None:
+    for full in unit.full_vars:
+        if full._value is not None:                           # the whole weight's memory goes
+            full._value, full._initializer = None, _released(full.path)
+
+
+def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights: bool = True, input_shape=None):
     """Shard every trainable weight of the built Keras 3 ``model`` over the ranks (ZeRO stage 3).
 
     Each layer of ``model.layers`` that has trainable weights becomes a unit: it gathers its
@@ -184,6 +208,10 @@ def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights:
             of the model, as FSDP's ``sync_module_states``), so ranks that initialised apart agree.
             Broadcast nothing afterwards (``BroadcastGlobalVariablesCallback`` would overwrite
             each rank's pieces with the first rank's).
+        input_shape: for a ``keras.Sequential`` not built yet (no ``keras.Input``): its input
+            shape with the batch (``(None, 2048)``). Each layer is built and cut in turn, so the
+            whole model never exists on one rank (DeepSpeed's ``zero.Init``); then the model is
+            built.
 
     Returns:
         ``model``, changed in place: ``model.trainable_variables`` are this rank's pieces (flat);
@@ -192,37 +220,41 @@ def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights:
     """
     if state_of(model) is not None:
         raise ValueError(f"fully_shard: model '{model.name}' is already fully sharded; wrap it once")
-    if not model.built:
-        raise ValueError(f"fully_shard: build model '{model.name}' first (call it on a batch, or model.build)")
+    lazy = not model.built
+    if lazy and (input_shape is None or not isinstance(model, keras.Sequential)):
+        raise ValueError(f"fully_shard: build model '{model.name}' first (call it on a batch, or model.build), or "
+                         "pass input_shape= for a Sequential (each layer is then built and cut in turn)")
     comm = communicator_of(check_process_set(process_set))
-    layers = _units_of(model)
-    check_same_model(model.trainable_variables, "fully_shard", comm=comm)
-    units, swaps, turn = [], {}, 0
+    layers = list(model.layers) if lazy else _units_of(model)
+    if not lazy:
+        check_same_model(model.trainable_variables, "fully_shard", comm=comm)
+    units, swaps, turn, shape = [], {}, 0, tuple(input_shape) if lazy else None
     for layer in layers:
-        fulls = list(layer.trainable_variables)
-        layout, turn = UnitLayout.of([tuple(v.shape) for v in fulls], [tf.as_dtype(v.dtype).name for v in fulls],
-                                     comm.size, turn)
-        pieces = []
-        for i, full in enumerate(fulls):
-            p = layout.piece(i)
-            s = p.starts[comm.rank]
-            whole = np.ascontiguousarray(full.numpy()).reshape(-1)
-            if sync_weights and comm.size > 1:
-                whole = np.asarray(comm.broadcast(whole, 0)).reshape(-1)
-            pieces.append(_make_piece(full, whole[s:s + p.counts[comm.rank]].copy()))
-            swaps[id(full)] = pieces[-1]
-        units.append(Unit(len(units), layer, fulls, pieces, list(layer.non_trainable_variables), layout))
+        if lazy:                                              # the whole model never exists at once
+            if getattr(layer, "_tfops_fully_shard_unit", None) is not None:
+                raise ValueError(f"fully_shard: layer '{layer.name}' is already fully sharded")
+            if not layer.built:
+                layer.build(shape)
+            shape = layer.compute_output_shape(shape)
+            if not layer.trainable_variables:
+                continue
+            check_same_model(layer.trainable_variables, f"fully_shard (layer '{layer.name}')", comm=comm)
+        unit, turn = _cut(layer, len(units), comm, turn, sync_weights, swaps)
+        units.append(unit)
+        if lazy:
+            _release(unit)
     state = FullyShardState(units, comm, UnitExchange(comm, prefetch=prefetch))
     for piece in swaps.values():
         object.__setattr__(piece, "_tfops_fully_shard", state)    # for ShardedOptimizer(stage=3)
     for layer in _swap(model, swaps):
         _patch_saving(state, layer)
     for unit in units:
-        for full in unit.full_vars:
-            full._value, full._initializer = None, _released(full.path)   # the whole weight's memory goes
+        _release(unit)
         object.__setattr__(unit.layer, "_tfops_fully_shard_unit", unit)
         object.__setattr__(unit.layer, "call", sharded_call(state, unit, unit.layer.call))
     object.__setattr__(model, "_tfops_fully_shard", state)
+    if lazy:
+        model.build(tuple(input_shape))
     for fn in ("train_function", "test_function", "predict_function"):
         if getattr(model, fn, None) is not None:                  # traced over the whole weights
             setattr(model, fn, None)
