@@ -5,6 +5,7 @@ the project's own lessons at character level.
     mpirun -np 2 python examples/gpt.py --tensor 2 --quick               # heads and MLP split in two
     mpirun -np 4 python examples/gpt.py --tensor 2 --data 2 --quick      # ... and the batch split in two
     mpirun -np 4 python examples/gpt.py --tensor 4 --sequence-parallel --quick
+    mpirun -np 8 python examples/gpt.py --tensor 2 --pipeline 2 --quick   # 2 x 2 x 2 (examples/gpt_pipeline.py)
 
 The model (pre-LayerNorm, no dropout, untied head)::
 
@@ -186,9 +187,12 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--quick", action="store_true", help="60 steps of the default model")
+    ap.add_argument("--pipeline", type=int, default=1, help="pipeline stages (examples/gpt_pipeline.py)")
+    ap.add_argument("--micro-batches", type=int, default=4, help="with --pipeline")
+    ap.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b", help="with --pipeline")
     args = ap.parse_args(argv)
     tfops.init()
-    mesh = parallel.Mesh(tensor=args.tensor)
+    mesh = parallel.Mesh(tensor=args.tensor, pipeline=args.pipeline)
     if args.data is not None and args.data != mesh.data:
         raise SystemExit(f"--data {args.data}: with {tfops.size()} ranks and --tensor {args.tensor} data is {mesh.data}")
     ids, vocab = text_and_vocab()
@@ -196,7 +200,12 @@ def main(argv=None) -> None:
     steps = 60 if args.quick else args.steps
     model = build(cfg, mesh)
     optimizer = keras.optimizers.Adam(args.lr)
-    step = train_step_fn(model, optimizer, mesh, mesh.data_set if mesh.data > 1 else None)
+    if args.pipeline > 1:                               # the blocks cut into stages: examples/gpt_pipeline.py
+        from gpt_pipeline import pipeline_of
+        pipe = pipeline_of(model, mesh, micro_batches=args.micro_batches, schedule=args.schedule)
+        step = lambda x, y: pipe.train_step(x, y, optimizer)    # noqa: E731 (the mean loss, on every rank)
+    else:
+        step = train_step_fn(model, optimizer, mesh, mesh.data_set if mesh.data > 1 else None)
     rows = args.batch // mesh.data
     start = time.perf_counter()
     for i in range(steps):

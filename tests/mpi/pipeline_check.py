@@ -15,6 +15,9 @@ process as the reference, from the same seeded weights and batches. Checks:
 3. model.fit of a PipelineModel (1f1b, m = 4, SGD, 2 epochs of 4 batches, shuffle=False) equals the
    reference model.fit's History and weights within 1e-5.
 4. The timeline (tfops.start_timeline) holds a FORWARD and a BACKWARD span per micro-batch.
+5. At P = 4 only: Mesh(pipeline=2) (data 2): 1f1b Adam, each data rank on half the batch, equals the
+   reference; then examples/gpt.py's GPT on Mesh(tensor=2, pipeline=2), 1f1b and interleaved, 10 Adam
+   steps equal the plain one-process GPT (pipeline_gpt_check.run; by hand at -np 8 for 2 x 2 x 2).
 Prints "rank R: pipeline_check OK" at the end.
 """
 import json
@@ -149,4 +152,20 @@ mine = path if RANK == 0 else os.path.join(OUT, f"tl.rank{RANK}.json")
 events = [json.loads(line.rstrip(",\n")) for line in open(mine) if line.startswith("{")]
 spans = sorted((e["name"], e["args"]["micro_batch"]) for e in events if e.get("name") in ("FORWARD", "BACKWARD"))
 assert spans == sorted((n, i) for n in ("FORWARD", "BACKWARD") for i in range(4)), spans
+if P == 4:                                             # data x pipeline: 2 stages, each batch split in two
+    mesh2, half, rows = Mesh(pipeline=2), LAYERS // 2, BATCH // 2
+    r = mesh2.pipeline_rank
+    stage = model_of(r * half, (r + 1) * half)
+    pipe, opt = Pipeline(stage, mesh2, 4, "1f1b", loss="mse"), optimizer("adam")
+    for step, (x, y) in enumerate(BATCHES):
+        mine = slice(mesh2.data_rank * rows, (mesh2.data_rank + 1) * rows)
+        loss = float(pipe.train_step(x[mine], y[mine], opt))
+        want = refs["adam"][0][step]
+        assert abs(loss - want) <= TOL, f"data x pipeline step {step}: {loss} vs {want}"
+    want = refs["adam"][1][2 * r * half:2 * (r + 1) * half]
+    err = max(float(np.abs(a - b).max()) for a, b in zip(stage.get_weights(), want))
+    assert err <= TOL, f"data x pipeline: weights differ by {err}"
+    print(f"rank {RANK}: {mesh2}: equal to one process (weights within {err:.1e})", flush=True)
+    import pipeline_gpt_check                          # tensor x pipeline: examples/gpt.py's --pipeline
+    pipeline_gpt_check.run(Mesh(tensor=2, pipeline=2))
 print(f"rank {RANK}: pipeline_check OK", flush=True)

@@ -208,6 +208,11 @@ class Pipeline:
             specs[("out", c)] = out
             if k < self.last:
                 self.p2p.send_spec(out, (self.rank + 1) % self.p)
+        ids = [id(w) for w in self.trainable_variables]
+        if problem is None and len(set(ids)) != len(ids):     # it would get its gradient applied twice
+            problem = (f"pipeline rank {self.rank} (global rank {_api.rank()}): a weight appears twice in this "
+                       "rank's chunks' trainable_variables (a layer tracked twice, e.g. a whole model kept as "
+                       "an attribute of a stage); each weight must belong to one chunk, once")
         problems = [problem] if self.p2p is None else self.p2p.exchange_objects(problem)
         problems = [q for q in problems if q]
         if problems:
@@ -243,6 +248,10 @@ class Pipeline:
                                 "micro-batch size; a stage's output must depend only on the input's shape")
 
     def _accumulate(self, grads: list, c: int, got: list) -> None:
+        """Add micro-batch gradients ``got`` of chunk ``c`` into ``grads``, dense. An embedding's
+        ``IndexedSlices`` become dense too: Keras' Adam squares a slice's entries before it sums
+        duplicates (v += sum g_i^2, not (sum g_i)^2), so a sparse step depends on how the batch was
+        cut; a dense sum is the full batch's gradient whatever m is."""
         start = sum(len(ch.trainable_variables) for ch in self.chunks[:c])
         for j, g in enumerate(got):
             if g is not None:
