@@ -8,7 +8,8 @@ micro-batch of B / d, no accumulation, as Megatron trained in 2019); 3. for each
 (:mod:`.memory`) and the step's seconds (:mod:`.time`); 4. a layout fits when its bytes are at
 most the device's memory. ZeRO stages 2 and 3 are not combined with a pipeline, as
 DeepSpeed's pipeline engine refuses them (gradients are accumulated across micro-batches,
-which sharded gradients would reduce-scatter once per micro-batch).
+which sharded gradients would reduce-scatter once per micro-batch); nor is a ZeRO stage over a
+data group of one rank, which shards nothing.
 
 Cost: (divisors of N)^2 x 12 evaluations; N = 3072 is a few thousand, well under a second.
 """
@@ -60,7 +61,7 @@ def layouts(model: Params | Transformer, devices: int, *, global_batch: int = 0,
             else:
                 m = max(1, p)
             for z in zero:
-                if z >= 2 and p > 1:
+                if z >= 2 and p > 1 or z >= 1 and d == 1:      # a stage over one rank shards nothing
                     continue
                 for r in (recompute if is_tf else ("none",)):
                     out.append(Layout(data=d, tensor=t, pipeline=p, zero=z, recompute=r, micro_batch=b,

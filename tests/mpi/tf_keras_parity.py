@@ -17,6 +17,8 @@ reference (numpy float64, or plain Keras on the global batch) is computed locall
    global batch (equal and unequal batches; in model.fit too).
 5. hvd.load_model: the optimizer comes back wrapped, with its state.
 6. Bad arguments raise on every rank.
+7. mixed_float16 loss scaling with DistributedOptimizer and ShardedOptimizer in both wrapping
+   orders, and a rank-local overflow skipped on every rank (tests/mpi/mixed_precision_check.py).
 Prints "tf_keras_parity OK" on every rank at the end.
 """
 import os
@@ -301,6 +303,11 @@ for i, (kind, make) in enumerate(bad):
         assert str(exc), i
     else:
         raise AssertionError(f"rank {me}: bad argument {i} did not raise {kind.__name__}")
+
+# -- 7. mixed precision in both wrapping orders (its own file; run here to share this launch) -------
+import mixed_precision_check  # noqa: E402
+
+mixed_precision_check.run()
 
 hvd.shutdown()
 print(f"rank {me}: tf_keras_parity OK", flush=True)

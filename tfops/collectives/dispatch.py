@@ -35,7 +35,7 @@ from .compression import Compression
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "submit", "wait", "in_step", "DIRECT", "grouped",
            "grouped_packed", "XlaNotSupportedError", "plain_python", "check_op", "auto_name", "numpy_call",
-           "allreduce_dense", "allreduce_differentiable", "chain"]
+           "allreduce_dense", "allreduce_differentiable", "chain", "grouped_dense"]
 
 Sum, Average, Min, Max, Product, Adasum = ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product, ar.Adasum
 _OPS = (Sum, Average, Min, Max, Product, Adasum)
@@ -184,3 +184,23 @@ def allreduce_differentiable(x, op, compression, name: str):
         y = allreduce_dense(x, op, compression, name)
         return y, lambda dy: _allreduce_grad(x, y, dy, op, compression, name)
     return forward(x)
+
+
+# --------------------------------------------------------------------------- many dense tensors in one engine call
+_grouped_packed_typed = tf_typed(grouped_packed)     # wrapped once: the eager path calls it every step
+
+
+def grouped_dense(xs: list, op, compression, names: list[str], comm_hook=None) -> list:
+    """Dense tensors ``xs`` allreduced in one engine call (``op`` checked, ``compression`` an engine
+    compressor, one cross-rank name each), no gradient: the training path's way in (eagerly one
+    packed result per dtype; in a graph one ``numpy_call``)."""
+    if tf.executing_eagerly():                # tfops.collectives.eager: one engine call, one tf.split per dtype
+        packed = _grouped_packed_typed([eager.host_view(x) for x in xs], names, op, compression, comm_hook)
+        return eager.unpack(packed, xs)
+
+    def run(*arrays):
+        return grouped(list(arrays), names, op, compression, comm_hook)
+    ys = numpy_call("grouped_allreduce", run, xs, [x.dtype for x in xs])
+    for x, y in zip(xs, ys):
+        y.set_shape(x.shape)
+    return ys

@@ -3,7 +3,7 @@
 ::
 
     allreduce(t)          ─ arguments (op, scale) ─┬─ dense:  dispatch.allreduce_differentiable ─┐
-    grouped_allreduce(ts) ─ arguments (op, scale) ─┼─ dense:  grouped_dense (one engine call)    ├─> dispatch -> engine
+    grouped_allreduce(ts) ─ arguments (op, scale) ─┼─ dense:  dispatch.grouped_dense (one call)  ├─> dispatch -> engine
                                                    └─ IndexedSlices: gather.allgather ────────────┘
 
 ==================  =============================  ====================================================
@@ -34,16 +34,14 @@ import tensorflow as tf
 
 import allreduce as ar
 
-from ..errors import tf_typed
 from . import arguments, eager
 from .compression import Compression, check_compression
-from .dispatch import (Adasum, Average, Max, Min, Product, Sum, XlaNotSupportedError, allreduce_dense,  # noqa: F401
-                       allreduce_differentiable, auto_name, chain, check_op, grouped, grouped_packed, numpy_call,
-                       plain_python)
+from .dispatch import (Adasum, Average, Max, Min, Product, Sum, XlaNotSupportedError,  # noqa: F401
+                       allreduce_differentiable, auto_name, chain, check_op, grouped_dense, numpy_call, plain_python)
 from .gather import allgather
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression", "XlaNotSupportedError",
-           "allreduce", "grouped_allreduce", "grouped_dense", "join"]
+           "allreduce", "grouped_allreduce", "join"]
 
 
 def _sparse(tensor: tf.IndexedSlices, op, name: str) -> tf.IndexedSlices:
@@ -88,22 +86,6 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
         return _sparse(tensor, op, name)
     x = arguments.scale(tf.convert_to_tensor(tensor), prescale_factor, "prescale_factor")
     return arguments.scale(allreduce_differentiable(x, op, compression, name), postscale_factor, "postscale_factor")
-
-
-def grouped_dense(xs: list, op, compression, names: list[str], comm_hook=None) -> list:
-    """Dense tensors ``xs`` allreduced in one engine call (``op`` checked, ``compression`` an engine
-    compressor, one cross-rank name each), no gradient: the training path's way in (eagerly one
-    packed result per dtype; in a graph one ``numpy_call``)."""
-    if tf.executing_eagerly():                # tfops.collectives.eager: one engine call, one tf.split per dtype
-        packed = tf_typed(grouped_packed)([eager.host_view(x) for x in xs], names, op, compression, comm_hook)
-        return eager.unpack(packed, xs)
-
-    def run(*arrays):
-        return grouped(list(arrays), names, op, compression, comm_hook)
-    ys = numpy_call("grouped_allreduce", run, xs, [x.dtype for x in xs])
-    for x, y in zip(xs, ys):
-        y.set_shape(x.shape)
-    return ys
 
 
 @plain_python

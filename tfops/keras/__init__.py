@@ -62,8 +62,9 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                gradient_predivide_factor, op, backward_passes_per_step,
                                average_aggregated_gradients, groups=groups, process_set=process_set,
                                scale_local_gradients=scale_local_gradients)
+    reducer = opt.inner_optimizer if isinstance(opt, keras.optimizers.LossScaleOptimizer) else opt
     for v in variables:
-        opt.register_local_var(v)
+        reducer.register_local_var(v)
     return opt
 
 
@@ -84,6 +85,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         objects.setdefault(cls.__name__, cls)
     model = keras.models.load_model(filepath, custom_objects=objects)
     optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(optimizer, DistributedOptimizerWrapper):
+    reducer = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
+    if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(reducer, DistributedOptimizerWrapper):
         model.optimizer = DistributedOptimizer(optimizer, compression=compression)
     return model

@@ -50,6 +50,7 @@ from tensorflow.python.framework import func_graph
 
 from ..errors import tf_typed
 from ..training.overlap import _submit_first
+from ..training.mixed_precision import outside_loss_scale
 from .checks import check_inner as _check_inner, from_tape as _from_tape
 from . import exchange
 from .exchange import ReduceScatters, allgather_bucket, check_same_model
@@ -337,7 +338,9 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
         variable needs a gradient each step. Its ``variables`` are the scalars every rank holds
         alike (so ``BroadcastGlobalVariablesCallback`` leaves the shards alone); this rank's
         slots are ``inner_optimizer.variables``. Saving is a collective: every rank calls
-        ``model.save`` / ``Checkpoint.write`` (the file holds the whole state, gathered).
+        ``model.save`` / ``Checkpoint.write`` (the file holds the whole state, gathered). For a
+        ``keras.optimizers.LossScaleOptimizer(opt)``: ``LossScaleOptimizer(ShardedOptimizer(opt))``,
+        whose overflow check every rank answers alike (:mod:`tfops.training.mixed_precision`).
     """
     if stage == 3:                                        # the weights too: a model tfops.fully_shard wrapped
         from .stage3 import FullyShardedOptimizer
@@ -345,5 +348,5 @@ def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, buck
             raise ValueError("ShardedOptimizer(stage=3) shards over the ranks tfops.fully_shard(model, "
                              "process_set=...) was given; pass the process set there")
         return FullyShardedOptimizer(optimizer, name=name)
-    return ShardedOptimizerWrapper(optimizer, stage=stage, name=name, bucket_bytes=bucket_bytes,
-                                   process_set=process_set)
+    return outside_loss_scale(optimizer, lambda inner: ShardedOptimizerWrapper(
+        inner, stage=stage, name=name, bucket_bytes=bucket_bytes, process_set=process_set))

@@ -39,11 +39,21 @@ import tensorflow as tf
 
 import allreduce as ar
 
-from .gradients import gradient_names, reduce_gradients
+from .gradients import reduce_gradients
 from ..collectives.compression import Compression, check_comm_hook, check_compression
 from ..collectives.dispatch import Adasum, Average
 
-__all__ = ["GradientSettings", "reduce_step", "source_key"]
+__all__ = ["GradientSettings", "reduce_step", "source_key", "gradient_names"]
+
+
+def gradient_names(prefix: str, count: int) -> list[str]:
+    """Cross-rank names for one step's gradients: by position, as Horovod names them.
+
+    Positions, not variable names: Keras numbers layers per process (``dense_3``), so a rank
+    that built one more model would otherwise never match its peers. A different variable set
+    on one rank shows up as a shape ``MismatchError`` or, for extra variables, a stall.
+    """
+    return [f"{prefix}.grad.{i}" for i in range(count)]
 
 
 def source_key(source) -> int:

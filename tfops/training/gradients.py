@@ -11,22 +11,12 @@ import tensorflow as tf
 
 import allreduce as ar
 
-from ..collectives.compression import Compression, check_compression
-from ..collectives.dispatch import Average, check_op, plain_python
-from ..collectives.ops import grouped_dense, allreduce
+from ..collectives.compression import Compression
+from ..collectives.dispatch import Average, grouped_dense, plain_python
+from ..collectives.ops import allreduce
 from .overlap import reduce_overlapped
 
-__all__ = ["gradient_names", "reduce_gradients"]
-
-
-def gradient_names(prefix: str, count: int) -> list[str]:
-    """Cross-rank names for one step's gradients: by position, as Horovod names them.
-
-    Positions, not variable names: Keras numbers layers per process (``dense_3``), so a rank
-    that built one more model would otherwise never match its peers. A different variable set
-    on one rank shows up as a shape ``MismatchError`` or, for extra variables, a stall.
-    """
-    return [f"{prefix}.grad.{i}" for i in range(count)]
+__all__ = ["reduce_gradients"]
 
 
 @plain_python
@@ -36,9 +26,9 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
 
     Args:
         grads: tensors, ``tf.IndexedSlices`` or ``None`` (kept as ``None``).
-        names: one cross-rank name per gradient (:func:`gradient_names`).
-        op: ``Sum`` or ``Average``.
-        compression: applied to the dense gradients.
+        names: one cross-rank name per gradient (:func:`tfops.training.grad_reduce.gradient_names`).
+        op: ``Sum`` or ``Average``, as :class:`~tfops.training.grad_reduce.GradientSettings` checked it.
+        compression: applied to the dense gradients (an engine compressor, checked there too).
         comm_hook: a communication hook (``ar.PowerSGD``, ``ar.OneBit``) that reduces the dense
             gradients instead, one bucket (grouped call) at a time; ``None``: the plain allreduce.
         sparse_as_dense: densify ``IndexedSlices`` and reduce them with the dense ones.
@@ -65,11 +55,9 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
     if dense:
         xs = [tf.convert_to_tensor(out[i]) for i in dense]
         if overlap and not tf.executing_eagerly():
-            ys = reduce_overlapped(xs, [names[i] for i in dense], check_op(op), check_compression(compression),
-                                   comm_hook)
+            ys = reduce_overlapped(xs, [names[i] for i in dense], op, compression, comm_hook)
         else:
-            ys = grouped_dense(xs, check_op(op), check_compression(compression), [names[i] for i in dense],
-                                comm_hook)
+            ys = grouped_dense(xs, op, compression, [names[i] for i in dense], comm_hook)
         for i, y in zip(dense, ys):
             out[i] = y
     return out

@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import remat
-from .gradients import gradient_names
+from .grad_reduce import gradient_names
 from ..collectives.compression import Compression, check_comm_hook, check_compression
 from ..collectives.dispatch import Average, Sum, check_op, numpy_call, submit, wait
 from ..collectives.ops import allreduce

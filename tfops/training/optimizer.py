@@ -34,6 +34,7 @@ from allreduce.ops import Adasum
 
 from .aggregation import LocalAggregation
 from .grad_reduce import GradientSettings, reduce_step
+from .mixed_precision import outside_loss_scale
 from ..collectives.compression import Compression
 from ..collectives.dispatch import Average, Sum, check_op
 
@@ -243,10 +244,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
             predivide. Its state (error feedback, warm-start factors) lives in the hook object.
 
     Returns:
-        The wrapped optimizer, for ``model.compile(optimizer=...)`` or ``apply_gradients``.
+        The wrapped optimizer, for ``model.compile(optimizer=...)`` or ``apply_gradients``. For a
+        ``keras.optimizers.LossScaleOptimizer(opt)``: ``LossScaleOptimizer(DistributedOptimizer(opt))``
+        (the loss-scaled order compile keeps; :mod:`tfops.training.mixed_precision`).
     """
-    return DistributedOptimizerWrapper(
-        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+    return outside_loss_scale(optimizer, lambda inner: DistributedOptimizerWrapper(
+        inner, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
         hooks=hooks, gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients, comm_hook=comm_hook)
+        process_set=process_set, scale_local_gradients=scale_local_gradients, comm_hook=comm_hook))
