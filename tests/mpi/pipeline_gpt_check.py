@@ -1,8 +1,8 @@
 """Rank script: examples/gpt.py's --pipeline on a 3D mesh (issue 43), against one process.
 
 ``mpirun -np 8 python pipeline_gpt_check.py`` (tensor 2 x data 2 x pipeline 2; -np 4 gives
-tensor 2 x pipeline 2, as pipeline_check.py runs it through :func:`run` at the end of its -np 4
-launch). Every rank builds the split GPT (2 blocks, hidden 32) from one seed and the plain-Keras
+tensor 2 x pipeline 2: ``pipeline_gpt_check.py 2 2``; -np 2 ``1 2``). Run by hand, not in the suite
+(eight, or four, TF ranks training two GPTs each cost minutes on the 2-core machine). Every rank builds the split GPT (2 blocks, hidden 32) from one seed and the plain-Keras
 GPT with the same full weights; the pipeline (1f1b, then interleaved with one block a chunk, m = 4) trains 10 Adam steps of the global batch of 16, each data rank on its half,
 while every rank trains the plain model on the whole batch, its gradient made dense as the pipeline's is
 (Keras' Adam steps differently on the embeddings' IndexedSlices: Pipeline._accumulate says why). The loss of every step and every
