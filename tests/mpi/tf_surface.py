@@ -293,12 +293,12 @@ def check_out_of_step(p, me):
                               "out of step")
     assert "out of step" in str(error) and "'oos.0' submitted by rank(s) 0" in str(error), str(error)
     # rank 0 went on to a direct-path collective (allgather), the others to an engine allreduce:
-    # the direct call's rendezvous (tfops.collectives.ops.in_step) shows the engine who waits for what
-    # (integer tensors: a float one takes an auto-name for its gradient, a counter that the rank
-    # which went on would leave ahead of the others for good, as Horovod's auto-names would)
+    # the direct call's rendezvous (tfops.collectives.dispatch.in_step) shows the engine who waits for what
+    # (both named: an automatic name advances a counter that the rank which went on would leave
+    # ahead of the others for good, as Horovod's auto-names would; allgather takes one whatever the dtype)
     start = time.monotonic()
-    error = raised_everywhere(ar.StallError, lambda: tfops.allgather(tf.ones([2], tf.int32)) if me == 0
-                              else tfops.allreduce(tf.ones([2]), name="oos.next"), "direct against engine")
+    error = raised_everywhere(ar.StallError, lambda: tfops.allgather(tf.ones([2], tf.int32), name="oos.gather")
+                              if me == 0 else tfops.allreduce(tf.ones([2]), name="oos.next"), "direct against engine")
     assert time.monotonic() - start < 25, "out of step must fail long before the transport timeout"
     assert "out of step" in str(error) and "'tfops.direct' submitted by rank(s) 0" in str(error), str(error)
     # two direct-path collectives of different kinds: the metadata check names each rank's
