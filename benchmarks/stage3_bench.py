@@ -2,7 +2,7 @@
 memory budget, and step time against stage 2, with the prefetch's overlap read off the timeline.
 
     python benchmarks/stage3_bench.py --part memory    # peak RSS, 151 M parameters, -np 4 (fixed and default malloc)
-    python benchmarks/stage3_bench.py --part budget --budget-mib 1700
+    python benchmarks/stage3_bench.py --part budget --budget-mib 1650 --model big --modes unsharded,stage3-lazy
     python benchmarks/stage3_bench.py --part time      # step time, stage 3 vs stage 2, -np 2, 5.5 M parameters
 
 memory  ``ru_maxrss`` per rank after 3 Adam steps in a ``tf.function``, max over ranks (and once
@@ -179,8 +179,8 @@ def main() -> None:
                   f"ms ({r['stage3-noprefetch_s'] / r['stage2_s']:.2f}x)  forward gathers hidden behind compute: "
                   f"{r['overlap']:.0%} (no prefetch: {r['overlap_noprefetch']:.0%})")
         return
-    modes = args.modes.split(",") if args.part == "memory" else ["unsharded", "stage3"]
-    mallocs = args.malloc.split(",") if args.part == "memory" else ["fixed"]
+    modes = args.modes.split(",")
+    mallocs = args.malloc.split(",") if args.part == "memory" else ["default"]     # budget: glibc as it comes
     print("| malloc | np | optimizer | params | peak MiB | peak once wrapped MiB | TF + Python MiB | peak vs unsharded | fits |")
     print("|:---|---:|:---|---:|---:|---:|---:|---:|:---|")
     for malloc in mallocs:
