@@ -7,6 +7,7 @@
     python benchmarks/sharding_bench.py --part budget     # unsharded vs stage 2 under a per-rank RSS budget, -np 4
     python benchmarks/sharding_bench.py --part time       # step time against DistributedOptimizer, -np 2
     python benchmarks/sharding_bench.py --part cluster    # the same on the 1 Gbit/s namespace cluster, 2 x 1 (root)
+    python benchmarks/sharding_bench.py --part user --label after   # issue 44's measurement, -np 2, 4
     python benchmarks/sharding_bench.py --write           # the "## Sharding" section of BENCHMARKS.md
     python benchmarks/sharding_bench.py                   # measures nothing: re-renders the recorded rows
 
@@ -30,6 +31,11 @@ budget   the budget stands in for a GPU's memory: a thread polls ``VmRSS`` every
          ``ru_maxrss`` of a run that finished is checked against it too.
 time     seconds per step of a 5.5 M-parameter MLP at -np 2, batch 32, both optimizers in one
          launch, alternating (3 rounds of 10 timed steps each after a warm-up), medians.
+user     issue 44's user measurement, reproduced: ``ru_maxrss`` after 5 Adam steps in a
+         ``tf.function`` less ``ru_maxrss`` once the model is built ("peak above the model"), glibc's
+         default allocator, a 16.8 M-parameter MLP (4096 x 4096 plus a 10-wide head), batch 32, at
+         -np 2 and 4, plain (``DistributedOptimizer``), stage 1 and stage 2. ``--label`` names the
+         code measured (``before`` / ``after`` a change); each label keeps its own rows.
 cluster  ``time`` on two namespace hosts joined by a 1 Gbit/s link, one rank each
          (``allreduce-cluster --prefix arsh up --nodes 2 --link 1gbit --slots 1``, always taken
          down); both optimizers move the same bytes, so the ratio is what sharding's own work costs.
@@ -55,7 +61,8 @@ TITLE = "## Sharding: optimizer state, peak memory and step time (issue 33)"
 BIG = (2048, 4096, 4096, 4096, 2048)          # 50.3 M parameters
 SMALL = (1024, 1536, 1536, 1024)              # 5.5 M parameters
 DEEP = (2048,) * 37                           # 151.1 M parameters: 36 layers of 2048 x 2048
-MODELS = {"big": BIG, "small": SMALL, "deep": DEEP}
+USER = (4096, 4096, 10)                       # 16.8 M parameters: issue 44's "4096 x 4096 plus a head"
+MODELS = {"big": BIG, "small": SMALL, "deep": DEEP, "user": USER}
 
 
 def _rss_mib() -> float:
@@ -180,6 +187,45 @@ def part_memory(steps: int) -> list[dict]:
     return rows
 
 
+def part_user(label: str) -> list[dict]:
+    rows = []
+    for np_ in (2, 4):
+        for mode in ("unsharded", "stage1", "stage2"):
+            got = launch(np_, "memory", "--mode", mode, "--model", "user", "--steps", "5", "--batch", "32")
+            rows += [dict(r, label=label) for r in got]
+    return rows
+
+
+def _render_user(saved: dict) -> list[str]:
+    """Issue 44's table: peak above the built model, MiB, per label, np and stage, against the formula."""
+    lines = ["Peak RSS above the built model (issue 44's measurement: `ru_maxrss` after 5 Adam steps in a "
+             "`tf.function` less `ru_maxrss` once the model is built; max over ranks; glibc's default allocator; "
+             "16.8 M-parameter MLP, 4096 x 4096 plus a 10-wide head, batch 32). `formula`: the arrays the stage "
+             "keeps beyond the weights (12N, 4N + 12N/p, 16N/p bytes). Goals (issue 44, -np 2): stage 2 at most "
+             "0.75x plain, stage 1 at most plain.", "",
+             "| code | np | optimizer | peak above model MiB | formula MiB | over formula MiB | vs plain | goal |",
+             "|:---|---:|:---|---:|---:|---:|---:|:---|"]
+    formula = {"unsharded": lambda p: 12, "stage1": lambda p: 4 + 12 / p, "stage2": lambda p: 16 / p}
+    goal = {"stage1": 1.0, "stage2": 0.75}
+    for label in ("before", "after"):
+        rows = saved.get(f"user_{label}", {}).get("rows", [])
+        for np_ in sorted({r["np"] for r in rows}):
+            plain = None
+            for mode in ("unsharded", "stage1", "stage2"):
+                mine = [r for r in rows if r["np"] == np_ and r["mode"] == mode]
+                if not mine:
+                    continue
+                n = mine[0]["params"]
+                above = max(r["peak_mib"] - r["rss_model_mib"] for r in mine)
+                plain = plain or above
+                want = formula[mode](np_) * n / 2**20
+                verdict = (("met" if above / plain <= goal[mode] else "NOT met") if mode in goal and np_ == 2
+                           else "")
+                lines.append(f"| {label} | {np_} | {mode} | {above:.0f} | {want:.0f} | {above - want:+.0f} | "
+                             f"{above / plain:.2f}x | {verdict} |")
+    return lines + [""]
+
+
 def part_budget(budget: float, steps: int) -> list[dict]:
     rows = []
     for mode in ("unsharded", "stage2"):
@@ -272,6 +318,8 @@ def render(saved: dict) -> str:
                             f"the arrays alone {default[1]:.2f}x): the default heaps keep what stage 2 frees."
                             if default else "."))
             lines.append("")
+    if "user_before" in saved or "user_after" in saved:
+        lines += _render_user(saved)
     if "budget" in saved:
         rows = saved["budget"]["rows"]
         lines += [f"A per-rank budget of {rows[0]['budget_mib']:.0f} MiB at -np 4, the 50.3 M-parameter MLP, glibc's "
@@ -302,8 +350,12 @@ def write_page(saved: dict) -> None:
     page = PAGE.read_text() if PAGE.is_file() else ""
     section = render(saved).rstrip() + "\n"
     parts = re.split(r"^(?=## )", page, flags=re.M)
-    kept = [part for part in parts if not part.startswith(TITLE)]
-    PAGE.write_text("".join(kept).rstrip() + "\n\n" + section)
+    at = next((i for i, part in enumerate(parts) if part.startswith(TITLE)), None)
+    if at is None:                                    # a new section goes last; an old one stays where it is
+        PAGE.write_text(page.rstrip() + "\n\n" + section)
+    else:
+        parts[at] = section + ("\n" if at < len(parts) - 1 else "")
+        PAGE.write_text("".join(parts))
 
 
 def main(argv=None) -> int:
@@ -313,7 +365,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", default="stage2", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="big", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=16, help=argparse.SUPPRESS)
-    parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time", "cluster"])
+    parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time", "cluster", "user"])
+    parser.add_argument("--label", default="after", choices=["before", "after"], help="user part: the code measured")
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per memory run")
     parser.add_argument("--budget-mib", type=float, default=0.0, help="per-rank RSS budget (budget part: 2000)")
     parser.add_argument("--write", action="store_true", help="render the saved results into BENCHMARKS.md")
@@ -326,11 +379,13 @@ def main(argv=None) -> int:
     for part in args.part or []:
         load = os.getloadavg()
         started = time.strftime("%H:%M UTC", time.gmtime())
-        rows = {"state": part_state, "time": part_time, "cluster": part_cluster,
+        rows = {"state": part_state, "time": part_time, "cluster": part_cluster, "user": lambda: part_user(args.label),
                 "memory": lambda: part_memory(args.steps),
                 "budget": lambda: part_budget(args.budget_mib or 2000.0, args.steps)}[part]()
-        saved[part] = {"rows": rows, **({"steps": args.steps} if part == "memory" else {}), "command": f"python benchmarks/sharding_bench.py --part {part}"
-                       + (f" --budget-mib {args.budget_mib:g}" if part == "budget" and args.budget_mib else ""),
+        key = f"user_{args.label}" if part == "user" else part
+        saved[key] = {"rows": rows, **({"steps": args.steps} if part == "memory" else {}), "command": f"python benchmarks/sharding_bench.py --part {part}"
+                       + (f" --budget-mib {args.budget_mib:g}" if part == "budget" and args.budget_mib else "")
+                       + (f" --label {args.label}" if part == "user" else ""),
                        "when": started, "load": f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end",
                        "note": f"; {args.note}" if args.note else ""}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
