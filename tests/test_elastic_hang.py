@@ -29,7 +29,7 @@ from tests.harness import MPI_SCRIPTS, kill_tagged, mpi_env
 
 BOUND = 4.0             # seconds without a heartbeat before an eviction (short: the suite waits it out)
 SLACK = 5.0             # the issue's goal: hang -> first step after the eviction <= BOUND + 5 s
-TIMEOUT = 300.0
+TIMEOUT = 240.0         # under pytest-timeout's 300 s, so the launch is killed and its output shown
 
 
 def _launch(np_: int, env: dict, *, max_np: int | None = None) -> subprocess.CompletedProcess:
@@ -126,7 +126,8 @@ def test_hang_at_np_3_then_faults_inside_recoveries():
 def test_a_timed_out_wait_or_a_stall_blames_the_silent_rank_not_the_waiting_ones():
     # -np 3, no regrow. Name 1 sleeps for good in its loop (its heartbeat thread runs on: only the
     # waits see it): ranks 0 and 2 time out (ALLREDUCE_TIMEOUT=5); one of them may wait on the other
-    # (a chain), which the table shows waiting, so only name 1 is blamed. Then name 2 sleeps between
+    # (a chain), which the table shows waiting: then the rank of the node that is not waiting, name 1,
+    # is blamed. Then name 2 sleeps between
     # the direct and the named allreduce: its engine goes on, name 0's named allreduce fails with
     # StallError after stall_shutdown_time (4 s), which blames name 2. Before issue 45 the waiting
     # ranks raised and left the job.
@@ -135,8 +136,9 @@ def test_a_timed_out_wait_or_a_stall_blames_the_silent_rank_not_the_waiting_ones
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]
     summary = _summary(result.stderr)
-    assert re.search(r"evicted rank 1 of 3 \(name 1, pid \d+ on \S+\) with SIGKILL: did not answer for 5 s "
-                     r"\(ALLREDUCE_TIMEOUT: TransportTimeoutError waiting for it\)", summary), summary
+    # whichever survivor timed out first names it: waiting on it directly, or on the other survivor
+    assert re.search(r"evicted rank 1 of 3 \(name 1, pid \d+ on \S+\) with SIGKILL: did not answer (for 5 s "
+                     r"\(ALLREDUCE_TIMEOUT: TransportTimeoutError waiting for it\)|while the others waited)", summary), summary
     assert re.search(r"evicted rank 1 of 2 \(name 2, pid \d+ on \S+\) with SIGKILL: never submitted a tensor the "
                      r"others did, within stall_shutdown_time \(4 s", summary), summary
     assert len(re.findall(r"evicted rank", summary)) == 2, summary

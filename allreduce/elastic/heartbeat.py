@@ -16,16 +16,25 @@ Why: ULFM declares a process failed when its connections close. A stopped
 process (SIGSTOP, a frozen container, a swap storm, a driver stuck with the
 GIL held) keeps them open, so MPI never says anything; the survivors wait
 until ``ALLREDUCE_TIMEOUT``, and then each blamed itself. The heartbeat comes
-from a thread, so it stops only when the whole process stops.
+from a thread, so it stops only when the whole process stops, or when one
+long C call holds the GIL. The second is also how a first-use compile (numba's
+LLVM, several seconds on a loaded machine) looks, so a process without a beat
+that still uses CPU (its ``/proc`` CPU time moved since the last look), or is
+runnable and waiting for a core (state ``R`` on a loaded machine), is busy, not
+hung: it is named only once it stops running too. (A loop that spins with
+the GIL held is then found only by the waits' timeout.)
 
 The survivors agree without a message: each reads the same table, so each
 names the same rank; the launcher acts on the first line about a process
 and ignores the repeats. A rank whose own wait timed out (``TransportTimeoutError``:
 a silence the heartbeat does not show, such as a deadlock in user code with the
 GIL free, or a peer on another host) blames the rank it waited for with
-:func:`blame`, unless that rank is itself waiting (its ``waited`` stamp,
+:func:`blame`; if that rank is itself waiting (a chain: its ``waited`` stamp,
 written by every check of a slow wait of the caller's threads, not the engine's:
-:data:`allreduce.transport.liveness.wait_hook`).
+:data:`allreduce.transport.liveness.wait_hook`), it blames the ranks of the node
+that are not waiting instead. A named allreduce that failed with
+``StallError`` past ``stall_shutdown_time`` blames the ranks it says never submitted
+(:func:`blame_stalled`: the same text on every rank that did, so the same ranks).
 
 The bound is ``elastic_hang_timeout`` (``ALLREDUCE_ELASTIC_HANG_TIMEOUT``; 0, the
 default, means ``timeout``, ``ALLREDUCE_TIMEOUT``, 30 s). Shorter: a faster
@@ -129,6 +138,7 @@ def _run() -> None:
         time.sleep(BEAT)
         now = time.monotonic()
         _table[_me][BEAT_AT] = now
+        _sample_cpu()
         if now - last < _bound / 2:                 # else this process stalled too: look next time
             for name, silent in suspects(now):
                 _report(name, _stale_why(silent))
@@ -138,7 +148,7 @@ def _run() -> None:
 
 def suspects(now: float | None = None) -> list[tuple[int, float]]:
     """``(name, seconds silent)`` of every rank of this process's world, on this node, whose process
-    exists and has not beaten for the bound."""
+    exists, has not beaten for the bound, and used no CPU since the previous look."""
     if _table is None or not _bound > 0:
         return []
     now = time.monotonic() if now is None else now
@@ -149,17 +159,47 @@ def suspects(now: float | None = None) -> list[tuple[int, float]]:
         slot = _table[name]
         if slot[STATE] != LIVE or now - slot[BEAT_AT] < _bound:
             continue
-        if start_time(int(slot[PID])) == int(slot[START]):     # still there (a dead one is ULFM's)
-            found.append((name, now - slot[BEAT_AT]))
+        if start_time(int(slot[PID])) != int(slot[START]):     # gone: a dead one is ULFM's
+            continue
+        if name in _busy:                                       # it runs: busy holding the GIL, not hung
+            continue
+        found.append((name, now - slot[BEAT_AT]))
     return found
+
+
+_cpu: dict[int, int] = {}            # name -> its CPU ticks at the heartbeat thread's last look
+_busy: set[int] = set()              # names whose CPU ticks moved between the last two looks
+
+
+def _sample_cpu() -> None:
+    """The heartbeat thread's look at every peer's CPU time (``suspects`` reads the result)."""
+    for name in world.names():
+        if name == _me or not 0 <= name < SLOTS or _table[name][STATE] != LIVE:
+            continue
+        ticks, state = _cpu_ticks(int(_table[name][PID]))
+        if _cpu.get(name, ticks) != ticks or state == b"R":     # ran, or runnable: waits for a core
+            _busy.add(name)
+        else:
+            _busy.discard(name)
+        _cpu[name] = ticks
+
+
+def _cpu_ticks(pid: int) -> tuple[int, bytes]:
+    """utime + stime of ``pid`` in clock ticks, and its state letter (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12]), fields[0]
+    except (OSError, IndexError, ValueError):
+        return -1, b"?"
 
 
 def blame(peer: int, exc: BaseException) -> list[int]:
     """This rank's wait for rank ``peer`` timed out (``exc``): name the silent rank(s) for eviction.
 
     Returns:
-        The names reported: the node's silent ranks if any; else ``peer``'s, unless the table shows
-        it waiting itself (then the culprit is further along, and a rank nearer to it reports it).
+        The names reported: the node's silent ranks if any; else ``peer``'s; and if the table shows
+        ``peer`` waiting itself (a chain), the ranks of this node that are not waiting, when some are.
     """
     stale = suspects()
     for name, silent in stale:
@@ -170,9 +210,16 @@ def blame(peer: int, exc: BaseException) -> list[int]:
     if not 0 <= peer < len(names):
         return []
     name = names[peer]
-    if _table is not None and name < SLOTS and _table[name][STATE] == LIVE \
-            and time.monotonic() - _table[name][WAITED] < 2.0:
-        return []                                   # it waits too: not the one that went silent
+    if _is_waiting(name):
+        # It waits too (a chain): the silent one is a rank of this node that is not waiting, if some
+        # (but not every) other rank is not waiting; else the culprit is on another node, for others.
+        idle = [n for n in names if n != _me and n < SLOTS and _table[n][STATE] == LIVE and not _is_waiting(n)]
+        if not 0 < len(idle) < len(names) - 1:
+            return []
+        for n in idle:
+            _report(n, f"did not answer while the others waited (ALLREDUCE_TIMEOUT: {type(exc).__name__} "
+                       "waiting for a rank that waited for it)")
+        return idle
     from .. import api
     timeout = api.communicator().config.timeout if api.is_initialized() else 0.0
     _report(name, f"did not answer for {timeout:g} s (ALLREDUCE_TIMEOUT: {type(exc).__name__} waiting for it)")
@@ -200,6 +247,12 @@ def blame_stalled(ranks: list[int], limit: str) -> list[int]:
                                  f"({limit} s, ALLREDUCE_STALL_SHUTDOWN_TIME: StallError)")
             blamed.append(names[rank])
     return blamed
+
+
+def _is_waiting(name: int) -> bool:
+    """Whether the table shows ``name`` inside a slow wait of its own threads (stamped < 2 s ago)."""
+    return (_table is not None and name < SLOTS and _table[name][STATE] == LIVE
+            and time.monotonic() - _table[name][WAITED] < 2.0)
 
 
 def _stale_why(silent: float) -> str:

@@ -138,7 +138,7 @@ def maybe_stop(step: int) -> None:
     phase = KILLS.get((ME, step))
     if phase == "deadlock":
         print(f"DEADLOCK {ME} step {step} at {time.time():.6f}", flush=True)
-        time.sleep(3600)
+        time.sleep(150)                  # bounded: if nobody evicts it, the test fails instead of hanging
     if phase not in ("hang", "slow"):
         return
     print(f"{phase.upper()} {ME} step {step} at {time.time():.6f}", flush=True)
@@ -248,7 +248,7 @@ def main() -> None:
             maybe_raise(s, "collective")
             if KILLS.get((ME, s)) == "stall":
                 print(f"STALL {ME} step {s} at {time.time():.6f}", flush=True)
-                time.sleep(3600)
+                time.sleep(150)
             twice = ar.allreduce(g, op=ar.Sum, name=f"g{s % 4}")     # the engine: negotiated, fused
             if not np.array_equal(total[:N], twice):
                 raise AssertionError(f"step {s}: direct and engine sums differ")
