@@ -51,6 +51,7 @@ class Config:
     seq: int = 32
     vocab: int = 128                   # padded vocabulary (a multiple of PAD_VOCAB_TO)
     sequence_parallel: bool = False
+    init: str = "sliced"               # or "per_rank": no rank ever holds a full matrix (tfops.parallel.init)
 
 
 def text_and_vocab() -> tuple[np.ndarray, int]:
@@ -79,9 +80,10 @@ class Block(keras.layers.Layer):
             self.up, self.down = keras.layers.Dense(4 * h, activation="gelu"), keras.layers.Dense(h)
         else:
             self.attn = parallel.ParallelMultiHeadAttention(cfg.heads, h // cfg.heads, mesh, causal=True,
-                                                            sequence_parallel=sp)
-            self.up = parallel.ColumnParallelDense(4 * h, mesh, activation="gelu", sequence_parallel=sp)
-            self.down = parallel.RowParallelDense(h, mesh, sequence_parallel=sp)
+                                                            sequence_parallel=sp, init=cfg.init)
+            self.up = parallel.ColumnParallelDense(4 * h, mesh, activation="gelu", sequence_parallel=sp,
+                                                   init=cfg.init)
+            self.down = parallel.RowParallelDense(h, mesh, sequence_parallel=sp, init=cfg.init)
 
     def call(self, x):
         a = self.ln1(x)
@@ -101,8 +103,10 @@ class GPT(keras.Model):
             self.tok = keras.layers.Embedding(cfg.vocab, cfg.hidden)
             self.head = keras.layers.Dense(cfg.vocab, use_bias=False)
         else:
-            self.tok = parallel.VocabParallelEmbedding(cfg.vocab, cfg.hidden, self.mesh, sequence_parallel=sp)
-            self.head = parallel.ColumnParallelDense(cfg.vocab, self.mesh, use_bias=False, sequence_parallel=sp)
+            self.tok = parallel.VocabParallelEmbedding(cfg.vocab, cfg.hidden, self.mesh, sequence_parallel=sp,
+                                                       init=cfg.init)
+            self.head = parallel.ColumnParallelDense(cfg.vocab, self.mesh, use_bias=False, sequence_parallel=sp,
+                                                     init=cfg.init)
         self.pos = keras.layers.Embedding(cfg.seq, cfg.hidden)
         self.blocks = [Block(cfg, self.mesh, plain) for _ in range(cfg.layers)]
         self.ln_f = keras.layers.LayerNormalization()
@@ -186,6 +190,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--init", choices=("sliced", "per_rank"), default="sliced",
+                    help="sliced: every rank draws each full matrix and keeps its slice (tensor 1, 2, 4 start "
+                         "equal); per_rank: each rank draws only its slice (for models too big to draw whole)")
     ap.add_argument("--quick", action="store_true", help="60 steps of the default model")
     ap.add_argument("--pipeline", type=int, default=1, help="pipeline stages (examples/gpt_pipeline.py)")
     ap.add_argument("--micro-batches", type=int, default=4, help="with --pipeline")
@@ -196,7 +203,7 @@ def main(argv=None) -> None:
     if args.data is not None and args.data != mesh.data:
         raise SystemExit(f"--data {args.data}: with {tfops.size()} ranks and --tensor {args.tensor} data is {mesh.data}")
     ids, vocab = text_and_vocab()
-    cfg = Config(args.layers, args.hidden, args.heads, args.seq, vocab, args.sequence_parallel)
+    cfg = Config(args.layers, args.hidden, args.heads, args.seq, vocab, args.sequence_parallel, args.init)
     steps = 60 if args.quick else args.steps
     model = build(cfg, mesh)
     optimizer = keras.optimizers.Adam(args.lr)

@@ -8,6 +8,7 @@ Examples::
     python -m allreduce.explain binomial --collective broadcast --ranks 4 --count 2
     allreduce-explain powersgd --ranks 2 --rows 4 --cols 3 --rank 1     (explain/powersgd.py)
     allreduce-explain pipeline --stages 4 --micro-batches 8 --schedule 1f1b   (explain/pipeline.py)
+    allreduce-explain megatron-mlp --tensor 2      (tfops/parallel/explain.py: imports tfops lazily, runs mpirun)
 """
 from __future__ import annotations
 
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "powersgd":                 # a comm hook, not a collective: its own printout
         from .powersgd import main as powersgd
         return powersgd(argv[1:])
+    if argv and argv[0] == "megatron-mlp":             # TensorFlow layers on TENSOR ranks: tfops, imported only here
+        from tfops.parallel.explain import main as megatron_mlp
+        return megatron_mlp(argv[1:])
     if argv and argv[0] == "pipeline":                 # a schedule, not a collective: its own grid
         from .pipeline import main as pipeline
         return pipeline(argv[1:])

@@ -140,12 +140,15 @@ def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope
 
 # --------------------------------------------------------------------------- variables
 @plain_python
-def broadcast_variables(variables, root_rank: int = 0):
+def broadcast_variables(variables, root_rank: int = 0, process_set=None):
     """Assign root's values to ``variables`` on every rank, one broadcast per dtype.
 
     Args:
         variables: ``tf.Variable`` or ``keras.Variable`` objects, the same list on every rank.
-        root_rank: the rank whose values win.
+        root_rank: the rank whose values win (a world rank; with ``process_set``, one of its ranks,
+            e.g. ``mesh.rank_of(data_rank=0)`` to broadcast over a tensor-parallel mesh's data axis).
+        process_set: broadcast within this :class:`tfops.ProcessSet` only (default: every rank;
+            Horovod's ``process_set=``), one broadcast per variable.
 
     Returns:
         ``None`` eagerly; inside a ``tf.function``, the op that does the assignments.
@@ -153,7 +156,11 @@ def broadcast_variables(variables, root_rank: int = 0):
     variables = list(variables)
     if not variables:
         return None
-    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank)
+    if process_set is not None and process_set.process_set_id != 0:
+        from .process_sets import broadcast_in_set
+        values = [broadcast_in_set(tf.convert_to_tensor(v), root_rank, process_set=process_set) for v in variables]
+    else:
+        values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank)
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     return None if tf.executing_eagerly() else tf.group(*[a for a in assigns if a is not None])
 

@@ -48,11 +48,12 @@ def vocab_parallel_cross_entropy(logits, labels, mesh=None):
 
     @tf.custom_gradient
     def loss(logits):
-        m = regions.allreduce_max(tf.reduce_max(logits, axis=-1), mesh)                       # 1. max
+        m = regions.allreduce_max(tf.reduce_max(logits, axis=-1), mesh, "loss: max")    # 1. max
         z = logits - m[..., None]
-        z_label = regions.allreduce_sum(tf.reduce_sum(z * onehot, axis=-1), mesh)             # 2. target logit
+        z_label = regions.allreduce_sum(tf.reduce_sum(z * onehot, axis=-1), mesh, "loss: target")    # 2.
         exp = tf.exp(z)
-        total = regions.allreduce_sum(tf.reduce_sum(exp, axis=-1), mesh)                      # 3. sum of exps
+        with tf.control_dependencies([z_label]):     # 2 before 3 on every rank: two same-shaped sums on one group
+            total = regions.allreduce_sum(tf.reduce_sum(exp, axis=-1), mesh, "loss: sum exp")    # 3.
         softmax = exp / total[..., None]
 
         def grad(dy):                                # local: softmax minus my columns' one-hot

@@ -70,14 +70,16 @@ def _per_rank_initializer(initializer, full_shape, local_shape, mesh):
     config = initializer.get_config()
     if "seed" not in config:                          # Zeros, Ones, Constant: nothing random
         return initializer
-    config["seed"] = seed
-    if isinstance(initializer, keras.initializers.VarianceScaling):   # keep the full shape's fans
+    if isinstance(initializer, keras.initializers.VarianceScaling):   # Glorot, He, LeCun: keep the full fans
         def fans(shape):
             rf = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
             fan_in = shape[-2] * rf if len(shape) > 1 else shape[0]
             fan_out = shape[-1] * rf
-            return {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[config["mode"]]
-        config["scale"] = config["scale"] * fans(local_shape) / fans(full_shape)
+            return {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[initializer.mode]
+        return keras.initializers.VarianceScaling(scale=initializer.scale * fans(local_shape) / fans(full_shape),
+                                                  mode=initializer.mode, distribution=initializer.distribution,
+                                                  seed=seed)
+    config["seed"] = seed
     return initializer.__class__.from_config(config)
 
 

@@ -45,7 +45,7 @@ __all__ = ["copy_to_tensor_region", "reduce_from_tensor_region", "scatter_to_ten
            "record", "allreduce_sequence_parallel_gradients"]
 
 _COUNTS: collections.Counter = collections.Counter()
-_LOG: list | None = None             # when recording: (kind, shape) of each collective as it runs
+_LOG: list | None = None             # when recording: (operator, kind, shape) of each collective as it runs
 
 
 def collective_counts() -> dict:
@@ -58,41 +58,41 @@ def reset_counts() -> None:
 
 
 def record(log: list | None) -> None:
-    """Append ``(kind, shape)`` of every collective that runs from now on to ``log`` (``None``: stop)."""
+    """Append ``(operator, kind, shape)`` of every collective that runs from now on to ``log`` (``None``: stop)."""
     global _LOG
     _LOG = log
 
 
 # --------------------------------------------------------------------------- the raw collectives (no gradient)
-def _run(kind: str, fn, x, shape, mesh):
+def _run(kind: str, fn, x, shape, mesh, label: str):
     """``fn(array, comm)`` on this rank's tensor group, inside one numpy_function, counted when it runs."""
     comm = communicator_of(mesh.tensor_set)
 
     def call(a):
         _COUNTS[kind] += 1
         if _LOG is not None:
-            _LOG.append((kind, tuple(a.shape)))
+            _LOG.append((label, kind, tuple(a.shape)))
         return fn(a, comm)
     y = numpy_call(f"tensor_{kind}", in_step(call, comm), [x], [x.dtype])[0]
     y.set_shape(shape)
     return y
 
 
-def _allreduce(x, mesh, op=ar.Sum):
-    return _run("allreduce", lambda a, c: c.allreduce(a, op), x, x.shape, mesh)
+def _allreduce(x, mesh, label, op=ar.Sum):
+    return _run("allreduce", lambda a, c: c.allreduce(a, op), x, x.shape, mesh, label)
 
 
-def _allgather(x, mesh, axis):
+def _allgather(x, mesh, axis, label):
     shape = x.shape.as_list()
     shape[axis] = None if shape[axis] is None else shape[axis] * mesh.tensor
 
     def gather(a, comm):                     # the core gathers along axis 0: move ``axis`` there and back
         rows = comm.allgather(np.ascontiguousarray(np.moveaxis(a, axis, 0)))
         return np.ascontiguousarray(np.moveaxis(rows, 0, axis))
-    return _run("allgather", gather, x, shape, mesh)
+    return _run("allgather", gather, x, shape, mesh, label)
 
 
-def _reduce_scatter(x, mesh, axis):
+def _reduce_scatter(x, mesh, axis, label):
     shape = x.shape.as_list()
     shape[axis] = None if shape[axis] is None else shape[axis] // mesh.tensor
 
@@ -102,7 +102,7 @@ def _reduce_scatter(x, mesh, axis):
                                           f"rows, which the tensor size {comm.size} does not divide")
         part = comm.reducescatter(np.moveaxis(a, axis, 0), ar.Sum)
         return np.ascontiguousarray(np.moveaxis(part, 0, axis))
-    return _run("reducescatter", scatter, x, shape, mesh)
+    return _run("reducescatter", scatter, x, shape, mesh, label)
 
 
 def _my_slice(x, mesh, axis):
@@ -113,14 +113,14 @@ def _my_slice(x, mesh, axis):
     return tf.split(x, mesh.tensor, axis=axis)[mesh.tensor_rank]
 
 
-def allreduce_sum(x, mesh):
+def allreduce_sum(x, mesh, label: str = "sum"):
     """Sum over the tensor group, no gradient (the loss's reductions)."""
-    return x if mesh.tensor == 1 else _allreduce(x, mesh, ar.Sum)
+    return x if mesh.tensor == 1 else _allreduce(x, mesh, label, ar.Sum)
 
 
-def allreduce_max(x, mesh):
+def allreduce_max(x, mesh, label: str = "max"):
     """Max over the tensor group, no gradient (the loss's stabilising max)."""
-    return x if mesh.tensor == 1 else _allreduce(x, mesh, ar.Max)
+    return x if mesh.tensor == 1 else _allreduce(x, mesh, label, ar.Max)
 
 
 # --------------------------------------------------------------------------- the operators: forward | backward
@@ -131,7 +131,7 @@ def copy_to_tensor_region(x, mesh):
 
     @tf.custom_gradient
     def f(x):
-        return tf.identity(x), lambda dy: _allreduce(dy, mesh)
+        return tf.identity(x), lambda dy: _allreduce(dy, mesh, "f backward")
     return f(x)
 
 
@@ -142,7 +142,7 @@ def reduce_from_tensor_region(x, mesh):
 
     @tf.custom_gradient
     def g(x):
-        return _allreduce(x, mesh), lambda dy: tf.identity(dy)
+        return _allreduce(x, mesh, "g forward"), lambda dy: tf.identity(dy)
     return g(x)
 
 
@@ -154,7 +154,7 @@ def scatter_to_tensor_region(x, mesh, axis: int = -1):
 
     @tf.custom_gradient
     def scatter(x):
-        return _my_slice(x, mesh, axis), lambda dy: _allgather(dy, mesh, axis)
+        return _my_slice(x, mesh, axis), lambda dy: _allgather(dy, mesh, axis, "scatter backward")
     return scatter(x)
 
 
@@ -166,7 +166,7 @@ def gather_from_tensor_region(x, mesh, axis: int = -1):
 
     @tf.custom_gradient
     def gather(x):
-        return _allgather(x, mesh, axis), lambda dy: _my_slice(dy, mesh, axis)
+        return _allgather(x, mesh, axis, "gather forward"), lambda dy: _my_slice(dy, mesh, axis)
     return gather(x)
 
 
@@ -177,7 +177,8 @@ def gather_from_sequence_region(x, mesh, axis: int = 1):
 
     @tf.custom_gradient
     def gather(x):
-        return _allgather(x, mesh, axis), lambda dy: _reduce_scatter(dy, mesh, axis)
+        return (_allgather(x, mesh, axis, "sequence f forward"),
+                lambda dy: _reduce_scatter(dy, mesh, axis, "sequence f backward"))
     return gather(x)
 
 
@@ -188,7 +189,8 @@ def reduce_scatter_to_sequence_region(x, mesh, axis: int = 1):
 
     @tf.custom_gradient
     def scatter(x):
-        return _reduce_scatter(x, mesh, axis), lambda dy: _allgather(dy, mesh, axis)
+        return (_reduce_scatter(x, mesh, axis, "sequence g forward"),
+                lambda dy: _allgather(dy, mesh, axis, "sequence g backward"))
     return scatter(x)
 
 
@@ -200,7 +202,7 @@ def scatter_to_sequence_region(x, mesh, axis: int = 1):
 
     @tf.custom_gradient
     def scatter(x):
-        return _my_slice(x, mesh, axis), lambda dy: _allgather(dy, mesh, axis)
+        return _my_slice(x, mesh, axis), lambda dy: _allgather(dy, mesh, axis, "sequence scatter backward")
     return scatter(x)
 
 
@@ -218,7 +220,7 @@ def allreduce_sequence_parallel_gradients(grads: list, variables: list, weights:
     if not at:
         return list(grads)
     flat = tf.concat([tf.reshape(grads[i], [-1]) for i in at], 0)
-    total = allreduce_sum(flat, mesh)                                  # one allreduce for all of them
+    total = _allreduce(flat, mesh, "sequence-parallel weight gradients")   # one allreduce for all of them
     out, offset = list(grads), 0
     for i in at:
         n = int(np.prod(grads[i].shape))

@@ -32,11 +32,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Args:
         root_rank: the rank whose initial weights every rank starts from.
         local_variables: variables (or one variable) that keep each rank's own values: not broadcast.
+        process_set: broadcast within this :class:`tfops.ProcessSet` only, from ``root_rank`` (a
+            world rank in it): with a tensor-parallel mesh, ``process_set=mesh.data_set,
+            root_rank=mesh.rank_of(data_rank=0)`` (each tensor rank keeps its own slices).
     """
 
-    def __init__(self, root_rank: int = 0, local_variables=None):
+    def __init__(self, root_rank: int = 0, local_variables=None, process_set=None):
         super().__init__()
-        self.root_rank = root_rank
+        self.root_rank, self.process_set = root_rank, process_set
         if local_variables is None:
             local_variables = []
         elif not isinstance(local_variables, (list, tuple, set)):
@@ -53,7 +56,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
         variables = [v for v in variables if source_key(v) not in self.local_variables]
-        broadcast_variables(variables, root_rank=self.root_rank)
+        broadcast_variables(variables, root_rank=self.root_rank, process_set=self.process_set)
         self.broadcast_done = True
 
 
