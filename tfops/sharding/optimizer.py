@@ -51,6 +51,7 @@ from tensorflow.python.framework import func_graph
 from ..errors import tf_typed
 from ..training.overlap import _submit_first
 from ..training.mixed_precision import outside_loss_scale
+from ..training.wrapping import WrappingOptimizer
 from .checks import check_inner as _check_inner, from_tape as _from_tape
 from . import exchange
 from .exchange import ReduceScatters, allgather_bucket, check_same_model
@@ -83,7 +84,7 @@ def _shard_state_is_not_saved(store) -> None:
 
 
 @keras.saving.register_keras_serializable(package="tfops", name="ShardedOptimizer")
-class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
+class ShardedOptimizerWrapper(WrappingOptimizer):
     """The wrapper :func:`ShardedOptimizer` returns; ``inner_optimizer`` updates this rank's segments."""
 
     def __init__(self, inner_optimizer, *, stage: int = 2, name=None, bucket_bytes: int | None = None,
@@ -274,21 +275,6 @@ class ShardedOptimizerWrapper(keras.optimizers.Optimizer):
         A broadcast from rank 0 (BroadcastGlobalVariablesCallback) or a comparison across ranks
         may touch them; this rank's slots, different on every rank, are ``inner_optimizer.variables``."""
         return [v for v in self.inner_optimizer.variables if len(v.shape) == 0]
-
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
 
     def finalize_variable_values(self, var_list):
         pass                                              # no EMA (refused in __init__)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from ..training.wrapping import WrappingOptimizer
 from .checks import check_inner, from_tape
 from .norms import clip_segments
 from .state import _slot_order
@@ -46,7 +47,7 @@ def _owner(variables) -> object:
 
 
 @keras.saving.register_keras_serializable(package="tfops", name="FullyShardedOptimizer")
-class FullyShardedOptimizer(keras.optimizers.Optimizer):
+class FullyShardedOptimizer(WrappingOptimizer):
     """What ``ShardedOptimizer(optimizer, stage=3)`` returns; ``inner_optimizer`` steps the pieces."""
 
     def __init__(self, inner_optimizer, *, name=None, clipnorm_of_model=None, global_clipnorm_of_model=None,
@@ -134,21 +135,6 @@ class FullyShardedOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         """The scalars every rank holds alike (iteration, learning rate); the slots are pieces."""
         return [v for v in self.inner_optimizer.variables if len(v.shape) == 0]
-
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
 
     def finalize_variable_values(self, var_list):
         pass

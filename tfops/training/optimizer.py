@@ -35,6 +35,7 @@ from allreduce.ops import Adasum
 from .aggregation import LocalAggregation
 from .grad_reduce import GradientSettings, reduce_step
 from .mixed_precision import outside_loss_scale
+from .wrapping import WrappingOptimizer
 from ..collectives.compression import Compression
 from ..collectives.dispatch import Average, Sum, check_op
 
@@ -42,7 +43,7 @@ __all__ = ["DistributedOptimizer", "DistributedOptimizerWrapper"]
 
 
 @keras.saving.register_keras_serializable(package="tfops", name="DistributedOptimizer")
-class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
+class DistributedOptimizerWrapper(WrappingOptimizer):
     """The wrapper :func:`DistributedOptimizer` returns. ``inner_optimizer`` does the update."""
 
     def __init__(self, inner_optimizer, *, name=None, compression=Compression.none, sparse_as_dense=False,
@@ -160,21 +161,6 @@ class DistributedOptimizerWrapper(keras.optimizers.Optimizer):
         return reduce(grads)
 
     # -- what belongs to the inner optimizer ---------------------------------------------
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
-
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
