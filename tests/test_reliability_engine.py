@@ -163,7 +163,7 @@ BAD_SUBMITS = [
 ]
 
 
-@pytest.mark.parametrize("bad,error,fragment", BAD_SUBMITS, ids=[str(b) for b, _, _ in BAD_SUBMITS])
+@pytest.mark.parametrize("bad,error,fragment", BAD_SUBMITS, ids=[re.sub(r" at 0x[0-9a-f]+", "", str(b)) for b, _, _ in BAD_SUBMITS])
 def test_bad_argument_raises_at_submit_on_every_rank(bad, error, fragment):
     with engines(3) as engs:
         for e in engs:
