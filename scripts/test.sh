@@ -8,8 +8,8 @@ bash scripts/setup.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 export PATH="$PWD/.venv/bin:$PATH"
-# Two workers (pytest-xdist): the multi-process tests that mostly wait overlap; tests/conftest.py keeps
-# what cannot share the machine (the namespace cluster) on one worker. ALLREDUCE_TEST_WORKERS=0: serial.
+# Two workers (pytest-xdist), a test file to one worker: the multi-process tests that mostly wait overlap, and
+# a file whose tests share fixed names (test_cluster.py: namespaces) stays on one worker. ALLREDUCE_TEST_WORKERS=0: serial.
 WORKERS=${ALLREDUCE_TEST_WORKERS:-2}
-XDIST=(); [ "$WORKERS" != 0 ] && XDIST=(-n "$WORKERS" --dist loadgroup)
+XDIST=(); [ "$WORKERS" != 0 ] && XDIST=(-n "$WORKERS" --dist loadfile)
 exec .venv/bin/python -m pytest -q -ra --durations=25 "${XDIST[@]}" "$@"   # the 25 slowest: the suite must stay under 12 min
