@@ -163,3 +163,19 @@ def mpirun(np_: int, script: str | Path, *args: str, timeout: float = 120.0, env
         pytest.fail(f"mpirun -np {np_} {script.name} {' '.join(args)} exited {proc.returncode}\n"
                     f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
     return result
+
+
+def run_at_growing_sizes(script: str, tmp_path: Path, sizes=(2, 3, 4), *, timeout: float, env: dict | None = None) -> None:
+    """One launch of ``script`` (tests/mpi/) per world size, each given a fresh folder to write its
+    files into and the previous size's folder to load from; every rank must print
+    ``rank R: <script stem> OK``, and every launch after the first ``loaded the files of another rank
+    count`` (checkpoints written at one size load at another)."""
+    previous = None
+    for np_ in sizes:
+        out = tmp_path / f"np{np_}"
+        out.mkdir()
+        text = mpirun(np_, script, str(out), *([str(previous)] if previous else []), timeout=timeout, env=env).stdout
+        assert all(f"rank {r}: {Path(script).stem} OK" in text for r in range(np_)), text[-3000:]
+        if previous:
+            assert "loaded the files of another rank count" in text, text[-3000:]
+        previous = out

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from .harness import TF_ENV, mpirun
+from .harness import TF_ENV, run_at_growing_sizes
 
 pytest.importorskip("tensorflow")
 from tfops.sharding.layout import shards  # noqa: E402
@@ -106,16 +106,7 @@ def test_blocked_reducescatter_same_bits_and_scratch_bounded_to_a_block(p, keep_
 @pytest.mark.mpi
 @pytest.mark.timeout(3 * TIMEOUT + 30)
 def test_sharded_optimizer_at_2_3_and_4_ranks(tmp_path):
-    previous = None
-    for np_ in (2, 3, 4):
-        out = tmp_path / f"np{np_}"
-        out.mkdir()
-        args = [str(out)] + ([str(previous)] if previous else [])
-        text = mpirun(np_, "sharding_check.py", *args, timeout=TIMEOUT, env=TF_ENV).stdout
-        assert all(f"rank {r}: sharding_check OK" in text for r in range(np_)), text[-3000:]
-        if previous:
-            assert "loaded the files of another rank count" in text, text[-3000:]
-        previous = out
+    run_at_growing_sizes("sharding_check.py", tmp_path, timeout=TIMEOUT, env=TF_ENV)
 
 
 @pytest.mark.mpi

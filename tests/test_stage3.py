@@ -6,7 +6,7 @@ size, 2, 3 and 4, each run loading the checkpoint the previous one wrote (anothe
 import numpy as np
 import pytest
 
-from .harness import TF_ENV, mpirun
+from .harness import TF_ENV, run_at_growing_sizes
 
 pytest.importorskip("tensorflow")
 from tfops.sharding.params import Group, UnitLayout, cut, pack, unpack  # noqa: E402
@@ -46,13 +46,4 @@ def test_unit_layout_groups_by_dtype_and_continues_the_turn():
 @pytest.mark.mpi
 @pytest.mark.timeout(3 * TIMEOUT + 60)
 def test_stage3_equals_distributed_optimizer_and_checkpoints_cross_rank_counts(tmp_path):
-    previous = None
-    for np_ in (2, 3, 4):
-        out = tmp_path / f"np{np_}"
-        out.mkdir()
-        args = [str(out)] + ([str(previous)] if previous else [])
-        text = mpirun(np_, "stage3_check.py", *args, timeout=TIMEOUT, env=TF_ENV).stdout
-        assert all(f"rank {r}: stage3_check OK" in text for r in range(np_)), text[-3000:]
-        if previous:
-            assert "loaded the files of another rank count" in text, text[-3000:]
-        previous = out
+    run_at_growing_sizes("stage3_check.py", tmp_path, timeout=TIMEOUT, env=TF_ENV)

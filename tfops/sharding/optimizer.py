@@ -284,12 +284,6 @@ class ShardedOptimizerWrapper(WrappingOptimizer):
                 "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "clipnorm_of_model": self.shard_clipnorm, "global_clipnorm_of_model": self.shard_global_clipnorm}
 
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)
-
 
 def ShardedOptimizer(optimizer, stage: int = 2, *, name: str | None = None, bucket_bytes: int | None = None,
                      process_set=None):

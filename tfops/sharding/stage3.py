@@ -142,9 +142,3 @@ class FullyShardedOptimizer(WrappingOptimizer):
     def get_config(self):
         return {"name": self.name, "stage": 3, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "clipnorm_of_model": self.shard_clipnorm, "global_clipnorm_of_model": self.shard_global_clipnorm}
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)

@@ -174,12 +174,9 @@ class DistributedOptimizerWrapper(WrappingOptimizer):
                 "num_groups": s.groups if isinstance(s.groups, int) else 0,
                 "scale_local_gradients": s.scale_local_gradients}
 
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
-        config["op"] = ar.Op(config["op"]) if "op" in config else Average
-        return cls(inner, **config)
+    @staticmethod
+    def _settings_from_config(config: dict) -> dict:
+        return {**config, "op": ar.Op(config["op"]) if "op" in config else Average}   # JSON holds the op's value
 
 
 def _check_same_variables(var_list) -> None:

@@ -15,7 +15,8 @@ __all__ = ["WrappingOptimizer"]
 
 class WrappingOptimizer(keras.optimizers.Optimizer):
     """A Keras optimizer whose ``learning_rate``, ``iterations`` and ``scale_loss`` are its
-    ``inner_optimizer``'s (set ``self.inner_optimizer`` in ``__init__``)."""
+    ``inner_optimizer``'s (set ``self.inner_optimizer`` in ``__init__``), rebuilt from a config that
+    holds ``inner_optimizer`` serialized beside the wrapper's keyword arguments."""
 
     @property
     def learning_rate(self):
@@ -31,3 +32,15 @@ class WrappingOptimizer(keras.optimizers.Optimizer):
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """The wrapper again from ``get_config()``: the inner optimizer's own config, then the settings."""
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
+        return cls(inner, **cls._settings_from_config(config))
+
+    @staticmethod
+    def _settings_from_config(config: dict) -> dict:
+        """The keyword arguments of ``__init__`` from a config (a wrapper whose settings JSON changes converts them)."""
+        return config
