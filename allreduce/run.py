@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     np_, passthrough, command, dry = _parse(sys.argv[1:] if argv is None else argv)
     passthrough, elastic = elastic_launch.split_flags(passthrough)   # --elastic: allreduce/elastic/launch.py
     if elastic is not None:
+        elastic_evict.remove_stale()                 # tables of launchers killed before their clean-up
         os.environ.update(elastic_launch.environment(elastic, dict(os.environ)))
         passthrough = elastic_launch.mpirun_flags(elastic, np_, passthrough, cores=os.cpu_count() or 1) + passthrough
     passthrough, cluster = split_cluster_flag(passthrough)

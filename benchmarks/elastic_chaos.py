@@ -122,9 +122,9 @@ def check(np_: int, faults, result: subprocess.CompletedProcess) -> tuple[list[d
         if (w.tobytes().hex(), v.tobytes().hex()) != finals[0][2:4]:
             problems.append("the final state differs from the numpy replay of the committed lineage")
     summary = ([line for line in err.splitlines() if line.startswith("allreduce-run: elastic job")] or [""])[-1]
-    noticed = {int(n): _clock(t) for names, t in re.findall(r"allreduce-elastic: rank\(s\) ([\d, ]+) died "
+    noticed = {int(n): _clock(t) for ranks, t in re.findall(r"allreduce-elastic: (rank [^;]*?) died "
                                                              r"\(noticed at ([\d:.]+) UTC\)", err)
-               for n in names.split(", ")}
+               for n in re.findall(r"\(name (\d+)\)", ranks)}
     resumed = [(int(s), float(t)) for s, t in re.findall(r"^RESUMED (\d+) ([\d.]+)$", out, re.M)]
     rows = []
     for kind, name, step, phase in faults:
@@ -143,7 +143,7 @@ def check(np_: int, faults, result: subprocess.CompletedProcess) -> tuple[list[d
             problems.append(f"the {kind} of name {name} was never noticed")
             continue
         if not re.search(rf"(\(name {name}\) failed with|\(name {name}, pid \d+ on \S+\) with SIGKILL|"
-                         rf"rank\(s\) (\d+, )*{name}(, \d+)* died)", summary):
+                         rf"\(name {name}\)[^;]* died at)", summary):
             problems.append(f"the summary does not name {name}")
         detect = (noticed[name] - _day(at)) % 86400
         first = next((t - at for s, t in resumed if t > at and s < np_), None)

@@ -130,8 +130,8 @@ def test_survivors_restore_the_last_commit_and_finish(case):
     dead = sorted(int(k.split("@")[0]) for k in kills.split(","))
     summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
     assert summary and f"finished with {len(survivors)} of {np_} ranks" in summary[-1], summary
-    assert sorted(int(r) for r in re.findall(r"rank\(s\) (\d+) died", summary[-1])) == dead
-    joined = [int(r) for r in re.findall(r"rank\(s\) (\d+) joined", summary[-1])]
+    assert sorted(int(r) for r in re.findall(r"\(name (\d+)\)(?=[^;]* died at)", summary[-1])) == dead
+    joined = [int(r) for r in re.findall(r"\(name (\d+)\)(?=[^;]* joined at)", summary[-1])]
     assert joined == (list(range(np_, np_ + len(dead))) if max_np else []), summary[-1]
     # detection: each recovery line comes within DETECT_BOUND of its kill
     killed = sorted(float(t) for t in re.findall(r"^KILL \d+ step -?\d+ \w+ at ([\d.]+)$", result.stdout, re.M))
@@ -179,8 +179,8 @@ def test_a_parent_killed_in_mpi_comm_spawn_is_a_death_and_the_world_still_grows_
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]
     summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
-    assert summary and "finished with 3 of 3 ranks; rank(s) 2 died at" in summary[-1], text[-4000:]
-    assert "rank(s) 1 died at" in summary[-1] and "rank(s) 4, 5 joined at" in summary[-1], summary[-1]
+    assert summary and "finished with 3 of 3 ranks; rank 2 of 3 (name 2) died at" in summary[-1], text[-4000:]
+    assert "rank 1 of 2 (name 1) died at" in summary[-1] and "rank 1 of 3 (name 4), rank 2 of 3 (name 5) joined at" in summary[-1], summary[-1]
     finals = _finals(result.stdout)
     assert sorted(int(f[0]) for f in finals) == [0, 4, 5] and len({f[1:] for f in finals}) == 1, text[-4000:]
     sizes = [int(n) for n in finals[0][4].split(",")]
@@ -231,7 +231,7 @@ def test_below_min_np_every_survivor_stops_naming_the_dead_and_the_commit():
     stops = [line for line in result.stderr.splitlines() if "below --min-np 3" in line and "allreduce-elastic" in line]
     assert len(stops) == 2, result.stderr[-4000:]                 # both survivors
     for line in stops:
-        assert "rank(s) 1 died" in line and "commit 1 (step=3, commits=1, in_run=r0, rendezvous=1)" in line, line
+        assert "rank 1 of 3 (name 1) died" in line and "commit 1 (step=3, commits=1, in_run=r0, rendezvous=1)" in line, line
     assert "elastic job stopped below --min-np" in result.stderr
     assert "FINAL" not in result.stdout
 
@@ -256,13 +256,14 @@ def test_launcher_flags_and_summary():
     assert env["ALLREDUCE_ELASTIC"] == "1" and env["ALLREDUCE_ELASTIC_MIN_NP"] == "2"
     assert env["ALLREDUCE_SHM_P2P"] == "1" and "ALLREDUCE_SHM_P2P" not in launch.environment(options, {"ALLREDUCE_SHM_P2P": "0"})
     summary = launch.Summary(4)
-    summary.feed("allreduce-elastic: rank(s) 2 died (noticed at 09:17:56.956 UTC); going on with 3 of 4 ranks")
+    summary.feed("allreduce-elastic: rank 2 of 4 (name 2) died (noticed at 09:17:56.956 UTC); going on with 3 of 4 ranks")
     assert summary.report(1) == ("allreduce-run: elastic job did not finish (mpirun exited with 1); "
-                                 "rank(s) 2 died at 09:17:56.956 UTC", 1)
+                                 "rank 2 of 4 (name 2) died at 09:17:56.956 UTC", 1)
     summary.feed("allreduce-elastic: run(train) finished with 3 ranks (started with 4)")
     assert summary.report(0)[1] == 0 and "finished with 3 of 4 ranks" in summary.report(0)[0]
-    summary.feed("allreduce-elastic: rank(s) 4 joined (spawned at 09:18:01.5 UTC); going on with 4 of 4 ranks")
-    assert summary.report(0)[0].endswith("rank(s) 2 died at 09:17:56.956 UTC; rank(s) 4 joined at 09:18:01.5 UTC")
+    summary.feed("allreduce-elastic: rank 3 of 4 (name 4) joined (spawned at 09:18:01.5 UTC); going on with 4 of 4 ranks")
+    assert summary.report(0)[0].endswith("rank 2 of 4 (name 2) died at 09:17:56.956 UTC; rank 3 of 4 (name 4) joined "
+                                         "at 09:18:01.5 UTC")
     summary.feed("allreduce-elastic: below --min-np 3: ...")
     assert summary.report(0)[1] == launch.BELOW_MIN_EXIT
     stuck = launch.Summary(3)
@@ -287,7 +288,8 @@ def test_keras_fit_with_the_three_callbacks_survives_a_death_and_a_raise_and_gro
     assert finals[0][1] == "3" and finals[0][2] == "3"
     assert "RESTORED-OK" in result.stdout and "RESTORED-WRONG" not in result.stdout
     summary = [line for line in result.stderr.splitlines() if "allreduce-run: elastic job" in line]
-    assert summary and re.search(r"allreduce-run: elastic job finished with 3 of 3 ranks; rank\(s\) 2 died at \S+ UTC; "
-                                r"rank\(s\) 3 joined at \S+ UTC; rank \d of 3 \(name 0\) failed with RuntimeError: callback raised on "
-                                r"name 0 at epoch 2 batch 3; rank\(s\) 0 died at \S+ UTC; rank\(s\) 4 joined at",
+    assert summary and re.search(r"allreduce-run: elastic job finished with 3 of 3 ranks; rank 2 of 3 \(name 2\) died at \S+ UTC; "
+                                r"rank 2 of 3 \(name 3\) joined at \S+ UTC; rank \d of 3 \(name 0\) failed with RuntimeError: "
+                                r"callback raised on name 0 at epoch 2 batch 3; rank \d of 3 \(name 0\) died at \S+ UTC; "
+                                r"rank 2 of 3 \(name 4\) joined at",
                                 summary[-1]), summary

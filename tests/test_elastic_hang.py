@@ -113,7 +113,7 @@ def test_hang_at_np_3_then_faults_inside_recoveries():
     assert "HANG 1 in MPI_Comm_shrink" in result.stdout and "RAISE 0 reset 4" in result.stdout, text[-3000:]
     assert re.search(r"rank 0 of 3 \(name 0\) failed with RuntimeError: reset callback raised on name 0 at reset 4",
                      summary), summary
-    died = sorted(int(n) for names in re.findall(r"rank\(s\) ([\d, ]+) died at", summary) for n in names.split(", "))
+    died = sorted(int(n) for n in re.findall(r"\(name (\d+)\)(?=[^;]* died at)", summary))
     assert died == [0, 1, 2, 3], summary                           # 1 and 3 in one shrink
     assert summary.startswith("allreduce-run: elastic job finished with 3 of 3 ranks"), summary
     finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", result.stdout, re.M)
@@ -149,7 +149,7 @@ def test_a_timed_out_wait_or_a_stall_blames_the_silent_rank_not_the_waiting_ones
     assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4], "state differs from the replay"
 
 
-def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text():
+def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text(tmp_path):
     from allreduce import errors
     from allreduce.elastic import evict, launch
     from allreduce.run import _clean
@@ -172,11 +172,11 @@ def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text():
         child.kill()
     summary = launch.Summary(4)
     summary.feed(f"{evict.EVICTED}{evictor.done[-1].describe()}\n")
-    summary.feed("allreduce-elastic: rank(s) 5 died (noticed at 09:17:56.956 UTC); going on with 3 of 4 ranks")
+    summary.feed("allreduce-elastic: rank 1 of 4 (name 5) died (noticed at 09:17:56.956 UTC); going on with 3 of 4 ranks")
     summary.feed("allreduce-elastic: run(train) finished with 3 ranks (started with 4)")
     text, code = summary.report(0)
     assert code == 0 and re.search(r"finished with 3 of 4 ranks; evicted rank 1 of 4 \(name 5, pid \d+ on vm\) with "
-                                   r"SIGKILL: no heartbeat for 4.1 s .*; rank\(s\) 5 died at 09:17:56.956 UTC$", text), text
+                                   r"SIGKILL: no heartbeat for 4.1 s .*; rank 1 of 4 \(name 5\) died at 09:17:56.956 UTC$", text), text
     assert _clean("LAUNCHER JOB OBJECT NOT FOUNDallreduce-run: x\n") == "allreduce-run: x\n"
     assert _clean("LAUNCHER JOB OBJECT NOT FOUND") == "" and _clean("a\0b\n") == "ab\n"
     timeout = errors.TransportTimeoutError("rank 1: no progress for 3 s waiting to receive from rank 2, send to rank 0")
@@ -185,6 +185,17 @@ def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text():
         raise errors.AllreduceError("engine failed") from timeout
     except errors.AllreduceError as wrapped:
         assert silent_peer(wrapped) == 2
-    assert launch.environment(launch.ElasticOptions(), {})["ALLREDUCE_ELASTIC_JOB"]
+    key = launch.environment(launch.ElasticOptions(), {})["ALLREDUCE_ELASTIC_JOB"]
+    assert key == f"{os.getpid()}-{evict.start_time(os.getpid())}"
+    # the tables of launchers that are gone are removed at the next start; a live one's and a user's key stay
+    shm = tmp_path
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    names = [f"allreduce-elastic-{gone.pid}-{12345}.beat", f"allreduce-elastic-{os.getpid()}-1.beat",
+             f"allreduce-elastic-{key}.beat", "allreduce-elastic-my-job.beat"]
+    for n in names:
+        (shm / n).write_bytes(b"")
+    assert sorted(evict.remove_stale(str(shm))) == sorted(str(shm / n) for n in names[:2])
+    assert sorted(p.name for p in shm.iterdir()) == sorted(names[2:])
     assert evict.table_path({"ALLREDUCE_ELASTIC_JOB": "12-3"}) == "/dev/shm/allreduce-elastic-12-3.beat"
     assert evict.table_path({"PMIX_NAMESPACE": "prterun-vm-77@2"}) == "/dev/shm/allreduce-elastic-prterun-vm-77.beat"

@@ -18,4 +18,4 @@ def test_a_hooks_state_is_reset_after_a_recovery():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert sorted(line for line in result.stdout.splitlines() if line.startswith("HOOK")) == \
         ["HOOK 0 before-differs reset-ok", "HOOK 1 before-differs reset-ok"], result.stdout[-2000:]
-    assert "rank(s) 2 died" in result.stderr + result.stdout
+    assert "rank 2 of 3 (name 2) died" in result.stderr + result.stdout

@@ -70,7 +70,7 @@ def test_ranks_that_raise_in_each_phase_leave_and_the_last_finishes():
     assert result.stderr.count("Traceback (most recent call last)") == 3
     assert "second line" not in _summary(result.stderr)        # the first line of the message only
     assert _summary(result.stderr).startswith("allreduce-run: elastic job finished with 1 of 4 ranks; ")
-    assert sorted(re.findall(r"rank\(s\) (\d+) died", _summary(result.stderr))) == ["0", "1", "2"]
+    assert sorted(re.findall(r"\(name (\d+)\)(?=[^;]* died at)", _summary(result.stderr))) == ["0", "1", "2"]
 
 
 def test_every_rank_raising_ends_the_job_non_zero():
@@ -117,15 +117,15 @@ def test_launcher_reset_limit_flag_and_summary_lines():
     assert "ALLREDUCE_ELASTIC_RESET_LIMIT" not in launch.environment(unset, {"ALLREDUCE_ELASTIC_RESET_LIMIT": "3"})
     summary = launch.Summary(3)
     summary.feed("allreduce-elastic: rank 1 of 3 (name 2) raised ValueError: bad record 17; it leaves the job")
-    summary.feed("allreduce-elastic: rank(s) 2 died (noticed at 10:00:00.000 UTC); going on with 2 of 3 ranks")
+    summary.feed("allreduce-elastic: rank 1 of 3 (name 2) died (noticed at 10:00:00.000 UTC); going on with 2 of 3 ranks")
     summary.feed("allreduce-elastic: run(train) finished with 2 ranks (started with 3)")
     assert summary.report(0) == ("allreduce-run: elastic job finished with 2 of 3 ranks; rank 1 of 3 (name 2) failed with "
-                                 "ValueError: bad record 17; rank(s) 2 died at 10:00:00.000 UTC", 0)
+                                 "ValueError: bad record 17; rank 1 of 3 (name 2) died at 10:00:00.000 UTC", 0)
     below = launch.Summary(3)                                   # below --min-np: the death is named, once
     for _ in range(2):
-        below.feed("allreduce-elastic: below --min-np 3: rank(s) 1 died and 2 rank(s) are left; the last commit "
+        below.feed("allreduce-elastic: below --min-np 3: rank 1 of 3 (name 1) died and 2 rank(s) are left; the last commit "
                    "was commit 2 (step=10); stopping")
-    assert below.report(0) == ("allreduce-run: elastic job stopped below --min-np: rank(s) 1 died",
+    assert below.report(0) == ("allreduce-run: elastic job stopped below --min-np: rank 1 of 3 (name 1) died",
                                launch.BELOW_MIN_EXIT)
     limit = launch.Summary(3)
     limit.feed("allreduce-elastic: reset limit 0 reached: the world was reset 0 time(s) and ...; stopping")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .launch import MARK
 
-__all__ = ["Evictor", "Eviction", "parse", "start_time", "table_path", "EVICTED"]
+__all__ = ["Evictor", "Eviction", "parse", "start_time", "table_path", "remove_stale", "EVICTED"]
 
 EVICTED = "allreduce-run: evicted "      #: the launcher's line for each eviction (Summary reads it back)
 
@@ -72,6 +72,30 @@ def table_path(environ=os.environ) -> str:
     are jobs ``@2``, ``@3``, ... of the same run)."""
     key = environ.get("ALLREDUCE_ELASTIC_JOB") or environ.get("PMIX_NAMESPACE", "job").split("@")[0]
     return f"/dev/shm/allreduce-elastic-{''.join(c if c.isalnum() or c in '-_' else '_' for c in key)}.beat"
+
+
+_KEY = re.compile(r"allreduce-elastic-(\d+)-(\d+)\.beat")
+
+
+def remove_stale(directory: str = "/dev/shm") -> list[str]:
+    """Remove the heartbeat tables of launchers that are gone (a launcher killed before its own
+    clean-up): a table named by ``allreduce-run``'s key, ``<pid>-<start time>``, whose pid is not
+    that process any more. Tables under another key (``ALLREDUCE_ELASTIC_JOB`` given by the user,
+    plain mpirun's job name) are left alone. Returns the paths removed."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _KEY.fullmatch(entry)
+        if match and start_time(int(match.group(1))) != int(match.group(2)):
+            try:
+                os.unlink(os.path.join(directory, entry))
+                removed.append(os.path.join(directory, entry))
+            except OSError:
+                pass                      # another launcher removed it first, or not ours to remove
+    return removed
 
 
 def parse(line: str) -> Eviction | None:

@@ -25,9 +25,10 @@ the default, no limit), ``ALLREDUCE_SHM_P2P=1`` and
   raised leaves the job with exit status 1 (:mod:`.failure`); by default Open MPI's
   runtime then ends every other rank, even under ULFM (by hand, 5.0.11).
 
-``ALLREDUCE_ELASTIC_JOB`` (a key of this launch) names the heartbeat table of
-the job on each node (:mod:`.heartbeat`); the launcher removes its own host's at
-the end. An ``evict`` line from a rank makes the launcher SIGKILL that process
+``ALLREDUCE_ELASTIC_JOB`` (a key of this launch: the launcher's pid and start
+time) names the heartbeat table of the job on each node (:mod:`.heartbeat`); the
+launcher removes its own host's at the end, and at its start the tables of
+launchers that are gone (killed before their end: :func:`.evict.remove_stale`). An ``evict`` line from a rank makes the launcher SIGKILL that process
 at once (:mod:`.evict`, called from ``run.py``'s relay of mpirun's stderr). How long a
 rank may go without a heartbeat first: ``ALLREDUCE_ELASTIC_HANG_TIMEOUT`` (default
 ``ALLREDUCE_TIMEOUT``, 30 s; shorter recovers sooner and evicts more ranks that were only slow).
@@ -56,11 +57,12 @@ MARK = "allreduce-elastic:"       #: the prefix of the lines the ranks write and
 BELOW_MIN_EXIT = 3                #: exit status of every survivor when the job falls below --min-np
 RESET_LIMIT_EXIT = 5              #: exit status of every rank when the reset limit ends the job
 
-_DIED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) died \(noticed at ([\d:.]+ UTC)\); going on with (\d+)")
-_JOINED = re.compile(re.escape(MARK) + r" rank\(s\) ([\d, ]+) joined \(spawned at ([\d:.]+ UTC)\)")
+_RANKS = r"(rank \d+ of \d+ \(name \d+\)(?:, rank \d+ of \d+ \(name \d+\))*)"   # world.describe()
+_DIED = re.compile(re.escape(MARK) + " " + _RANKS + r" died \(noticed at ([\d:.]+ UTC)\); going on with (\d+)")
+_JOINED = re.compile(re.escape(MARK) + " " + _RANKS + r" joined \(spawned at ([\d:.]+ UTC)\)")
 _NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
-_BELOW = re.compile(re.escape(MARK) + r" below --min-np(?: \d+: rank\(s\) ([\d, ]+) died)?")
+_BELOW = re.compile(re.escape(MARK) + r" below --min-np(?: \d+: " + _RANKS + " died)?")
 _STUCK = re.compile(re.escape(MARK) + r" (.+?) stuck inside Open MPI in (.+?) for (\d+) s")
 _RAISED = re.compile(re.escape(MARK) + r" (rank \d+ of \d+ \(name \d+\)) raised (.*); it leaves the job")
 _LIMIT = re.compile(re.escape(MARK) + r" (reset limit \d+ reached: .*)$")
@@ -124,7 +126,8 @@ def environment(options: ElasticOptions, environ: dict[str, str]) -> dict[str, s
     if "ALLREDUCE_SHM_P2P" not in environ:
         env["ALLREDUCE_SHM_P2P"] = "1"     # mailboxes on, though the BTL is tcp,self (see the module doc)
     if "ALLREDUCE_ELASTIC_JOB" not in environ:       # names the nodes' heartbeat tables (heartbeat.py)
-        env["ALLREDUCE_ELASTIC_JOB"] = f"{os.getpid()}-{time.time_ns() % 10**9}"
+        from .evict import start_time                # pid + start: evict.remove_stale knows a gone launcher
+        env["ALLREDUCE_ELASTIC_JOB"] = f"{os.getpid()}-{start_time(os.getpid())}"
     if "PRTE_MCA_state_base_error_non_zero_exit" not in environ:
         env["PRTE_MCA_state_base_error_non_zero_exit"] = "0"   # a rank that raised leaves alone (module doc)
     return env
@@ -169,10 +172,10 @@ class Summary:
             return
         if (m := _DIED.search(line)) is not None:
             self.deaths.append((m.group(1), m.group(2)))
-            self.events.append(f"rank(s) {m.group(1)} died at {m.group(2)}")
+            self.events.append(f"{m.group(1)} died at {m.group(2)}")
         elif (m := _JOINED.search(line)) is not None:
             self.joins.append((m.group(1), m.group(2)))
-            self.events.append(f"rank(s) {m.group(1)} joined at {m.group(2)}")
+            self.events.append(f"{m.group(1)} joined at {m.group(2)}")
         elif (m := _NO_SPAWN.search(line)) is not None:
             self.events.append(f"spawning {m.group(1)} replacement(s) failed")
         elif (m := _FINISHED.search(line)) is not None:
@@ -181,7 +184,7 @@ class Summary:
             self.below = True                # every survivor says it: count the death once
             if m.group(1) and (m.group(1), "") not in self.deaths:
                 self.deaths.append((m.group(1), ""))
-                self.events.append(f"rank(s) {m.group(1)} died")
+                self.events.append(f"{m.group(1)} died")
         elif (m := _STUCK.search(line)) is not None:
             self.stuck.append(f"{m.group(1)} in {m.group(2)} for {m.group(3)} s")
         elif (m := _RAISED.search(line)) is not None:

@@ -40,8 +40,9 @@ naming the step (:mod:`.watchdog`: Open MPI's ULFM over tcp can deadlock).
 
 The new rank 0 writes one ``allreduce-elastic:`` line per recovery to stderr
 (which ranks died, when, the new size); ``allreduce-run --elastic`` collects
-them into its summary. Ranks are named by their rank in the world the job
-started with, replacements by the next unused numbers (:mod:`.world`). The
+them into its summary. Each rank is said as every elastic line says one,
+``rank 2 of 4 (name 3)``: its rank in the world it died from, and its name (its
+rank in the world the job started with, or a replacement's number: :mod:`.world`). The
 phases' times of the last recovery are in :data:`last_recovery`
 (``benchmarks/elastic_bench.py`` reads them).
 """
@@ -173,10 +174,11 @@ def recover(state: State, caught: float) -> None:
         old_group.Free()
         before = world.names()
         dead = [name for i, name in enumerate(before) if i not in kept]
+        gone = world.describe([i for i in range(len(before)) if i not in kept], dead, len(before))
         world.replace(new, [before[i] for i in kept])
         deaths.append((caught, dead))
         if new.Get_size() < settings.get("elastic_min_np", 1):
-            _stop(dead, new.Get_size(), settings["elastic_min_np"], state)
+            _stop(gone, new.Get_size(), settings["elastic_min_np"], state)
         try:
             faults.uninstall()               # it names the rank and size: installed again by init
             with bounded("the rebuild (ar.init on the shrunk world)"):
@@ -189,7 +191,7 @@ def recover(state: State, caught: float) -> None:
         last_recovery["rebuilt"] = time.time()
         last_recovery.pop("synced", None)
         if api.rank() == 0:
-            say(f"rank(s) {', '.join(map(str, dead))} died (noticed at {clock(caught)} UTC); going on with "
+            say(f"{gone} died (noticed at {clock(caught)} UTC); going on with "
                 f"{api.size()} of {world.start_size()} ranks from {state.describe()}; shrink "
                 f"{last_recovery['shrunk'] - caught:.3f} s, rebuild "
                 f"{last_recovery['rebuilt'] - last_recovery['shrunk']:.3f} s")
@@ -229,8 +231,8 @@ def _quiet_shutdown() -> None:
         api._current = api._engine = None
 
 
-def _stop(dead: list[int], size: int, min_np: int, state: State) -> None:
-    text = (f"below --min-np {min_np}: rank(s) {', '.join(map(str, dead))} died and {size} rank(s) "
+def _stop(gone: str, size: int, min_np: int, state: State) -> None:
+    text = (f"below --min-np {min_np}: {gone} died and {size} rank(s) "
             f"are left; the last commit was {state.describe()}; stopping")
     say(text)
     heartbeat.finish()

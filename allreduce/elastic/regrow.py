@@ -96,7 +96,7 @@ def grow(state: State, settings: dict[str, Any], *, say: Callable[[str], None]) 
     api.init(comm=merged, **settings)
     world.rebuilt()                      # a replacement's init does the same (tfops: its allgather)
     if api.rank() == 0:
-        say(f"rank(s) {', '.join(map(str, fresh))} joined (spawned at {clock(started)} UTC); going on "
+        say(f"{world.describe(list(range(size, size + count)), fresh, size + count)} joined (spawned at {clock(started)} UTC); going on "
             f"with {api.size()} of {world.start_size()} ranks from {state.describe()}; spawn and "
             f"rebuild {time.time() - started:.3f} s")
     return True

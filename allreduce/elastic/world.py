@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.spawn import joined_world
 
-__all__ = ["base", "names", "name", "who", "start_size", "news", "replace", "leave_without_finalize",
+__all__ = ["base", "names", "name", "who", "describe", "start_size", "news", "replace", "leave_without_finalize",
            "exit_status", "deaths", "joins", "resets", "rebuild_hooks", "rebuilt"]
 
 deaths: list[tuple[float, list[int]]] = []   #: (when noticed, names) for every shrink
@@ -77,6 +77,12 @@ def who(rank: int | None = None) -> str:
     rank = comm.Get_rank() if rank is None else rank
     named = _names[rank] if 0 <= rank < len(_names) else "?"
     return f"rank {rank} of {len(_names)} (name {named})"
+
+
+def describe(ranks: list[int], names_of_ranks: list[int], size: int) -> str:
+    """``rank 1 of 4 (name 1), rank 3 of 4 (name 3)``: ranks of a world of ``size`` (the one they
+    died from, or joined), each said as :func:`who` says one; ``names_of_ranks[i]`` names ``ranks[i]``."""
+    return ", ".join(f"rank {r} of {size} (name {n})" for r, n in zip(ranks, names_of_ranks))
 
 
 def start_size() -> int:
