@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from .cluster.launch import command_for as cluster_command, split_flag as split_cluster_flag
@@ -57,6 +58,8 @@ _TAKES = {"--mca": 2, "--prtemca": 2, "-x": 1, "--map-by": 1, "--bind-to": 1, "-
           "--timeout": 1, "--npernode": 1, "-N": 1, "--output": 1, "--min-np": 1, "--max-np": 1,
           "--reset-limit": 1}
 GRACE_SECONDS = 10.0
+CUT_GRACE = 5.0         # seconds mpirun may wait, after the job finished, for ranks on a host cut off
+STUCK_GRACE = 20.0      # seconds after the watchdog's abort line (its own harder end comes after 15)
 # How Open MPI 5 names a failed process: "[prterun-host-123@1,3]" is rank 3, and
 # "process rank 3 with PID ..." in its signal report.
 _RANK_PATTERNS = (re.compile(r"Process name: \[[^\]]*@\d+,(\d+)\]"), re.compile(r"process rank (\d+) with PID"),
@@ -189,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                             errors="replace", bufsize=1)
     seen: list[str] = []
     evictor = elastic_evict.Evictor() if elastic is not None else None
+    ending = {"cut": False, "at": 0.0, "why": ""}     # --elastic: when to end an mpirun that waits on (_wait)
 
     def relay() -> None:
         # Pass mpirun's stderr through, keeping the lines that say who failed. Open MPI 5.0.11's
@@ -201,8 +205,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sys.stderr.write(line)
             if evictor is not None and (done := evictor.feed(line)) is not None:
+                ending["cut"] = ending["cut"] or done.unreachable
                 line = f"{elastic_evict.EVICTED}{done.describe()}\n"     # --elastic: evict.py
                 sys.stderr.write(line)
+            elif evictor is not None and elastic_launch.finished(line) and ending["cut"] and not ending["at"]:
+                ending.update(at=time.monotonic() + CUT_GRACE, why=f"the job finished, and mpirun still waits "
+                              f"after {CUT_GRACE:g} s for the host(s) cut off (their ranks stopped themselves)")
+            elif evictor is not None and " stuck inside Open MPI in " in line and not ending["at"]:
+                ending.update(at=time.monotonic() + STUCK_GRACE, why=f"the watchdog aborted the job, and ranks "
+                              f"are still running {STUCK_GRACE:g} s later (MPI_Abort under ULFM)")
             sys.stderr.flush()
             if len(seen) < 10_000:
                 seen.append(line)
@@ -223,19 +234,21 @@ def main(argv: list[str] | None = None) -> int:
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        code = _wait(proc, ending)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
     relay_thread.join(5)
+    if ending["at"] and code < 0:      # ended here (_wait): the summary says why, and the status is its
+        code = 0
     if elastic is not None:            # the ranks' own account: who died, when, the size at the end
         summary = elastic_launch.Summary(np_)
         for line in seen:
             summary.feed(line)
         text, code = summary.report(code)
         sys.stderr.write(text + "\n")
-        with contextlib.suppress(OSError):            # the heartbeat table on this host (heartbeat.py)
-            os.unlink(elastic_evict.table_path())
+        with contextlib.suppress(OSError):            # the job's heartbeat tables (heartbeat.py)
+            elastic_evict.remove_tables()
         return code
     if code != 0:
         rank, detail = failed_rank(seen)
@@ -244,6 +257,28 @@ def main(argv: list[str] | None = None) -> int:
     if code < 0:                       # killed by a signal: report it the shell way
         return 128 - code
     return code
+
+
+def _wait(proc: subprocess.Popen, ending: dict) -> int:
+    """mpirun's exit status. An elastic job's mpirun that is still running past ``ending["at"]`` is
+    ended (SIGTERM, then SIGKILL, to its process group), saying ``ending["why"]``: after the job
+    finished without a host that was cut off (mpirun waits for that host's daemon, which it cannot
+    reach), and after the watchdog's abort line (a rank asleep in user code, not inside MPI, was
+    seen to outlive the watchdog's MPI_Abort: the job must end whatever MPI did)."""
+    while True:
+        try:
+            return proc.wait(0.5)
+        except subprocess.TimeoutExpired:
+            if ending["at"] and time.monotonic() > ending["at"]:
+                sys.stderr.write(f"allreduce-run: {ending['why']}: ending mpirun\n")
+                for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, sig)
+                    try:
+                        return proc.wait(wait)
+                    except subprocess.TimeoutExpired:
+                        continue
+                return proc.wait()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Every launch runs under a timeout that kills mpirun and every process in the clu
 Where network namespaces are refused (not root), every test here skips, saying why.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,3 +137,112 @@ def test_report_section_says_why_it_skips(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     text, data = cluster_section.run({}, timeout=10)
     assert data is None and text.count("\n") == 0 and "needs root" in text, text
+
+
+CUT_PREFIX = "hb"          # its own cluster: the link it cuts is no other test's
+CUT_BOUND = 4.0            # ALLREDUCE_ELASTIC_HANG_TIMEOUT: silence before a host counts as cut off
+CUT_SLACK = 6.0            # cut -> the survivors' recovery line, beyond the bound
+
+
+def _python_in(space: str) -> list[int]:
+    """Pids of the python processes (ranks) inside namespace ``space``."""
+    out = subprocess.run(["ip", "netns", "pids", space], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in out:
+        try:
+            if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_cut_link_the_side_with_rank_0_goes_on_and_the_other_stops():
+    """-np 4 over 2 hosts x 2, --elastic --min-np 2 --max-np 4: host 1's link goes down at step 6.
+    Host 0 (ranks 0, 1: half, with rank 0) names 2 and 3 unreachable, leaves them out and finishes
+    at 2 of 4 without regrowing, bitwise equal to the replay; host 1's ranks stop themselves.
+    Bounded: cut -> recovery line within CUT_BOUND + CUT_SLACK; the whole launch within TIMEOUT."""
+    why = _refused()
+    if why:
+        pytest.skip(why)
+    import threading
+    import time
+
+    from benchmarks import elastic_chaos
+    net.down(CUT_PREFIX)
+    try:
+        cluster = cli.up(nodes=2, link="none", slots=2, prefix=CUT_PREFIX, seconds=0.1)
+        env = {**mpi_env(), "ELASTIC_STEPS": "18", "ELASTIC_STEP_SLEEP": "0.3", "ELASTIC_COMMIT_EVERY": "3",
+               "ELASTIC_ALGORITHMS": "ring,tree,rhd,rd,mpi,auto",
+               "ALLREDUCE_ELASTIC_HANG_TIMEOUT": f"{CUT_BOUND:g}", "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "30"}
+        cmd = [str(RUN), f"--cluster={CUT_PREFIX}", "--elastic", "-np", "4", "--min-np", "2", "--max-np", "4",
+               sys.executable, str(MPI_SCRIPTS / "elastic_train.py")]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        out, err, cut = [], [], {}
+
+        def read_out():
+            for line in proc.stdout:
+                out.append(line)
+                if line.startswith("STEP 6 ") and not cut:
+                    subprocess.run(["ip", "link", "set", cluster.hosts[1].name, "down"], check=True)
+                    cut["at"] = time.time()
+
+        def read_err():
+            for line in proc.stderr:
+                err.append(line)
+                if "mpirun still waits" in line:
+                    cut["mpirun ended"] = time.time()
+
+        def watch_host_1():       # when host 1's ranks are gone (before the launcher ends mpirun)
+            while proc.poll() is None and "ranks gone" not in cut:
+                if "at" in cut and not _python_in(cluster.hosts[1].name):
+                    cut["ranks gone"] = time.time()
+                time.sleep(0.2)
+        threads = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err, watch_host_1)]
+        for t in threads:
+            t.start()
+        try:
+            proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"TIMEOUT after {TIMEOUT} s: the cut-link launch\n{''.join(out)[-3000:]}\n{''.join(err)[-4000:]}")
+        finally:
+            for t in threads:
+                t.join(10)
+        stdout, stderr = "".join(out), "".join(err)
+        text = f"{stdout[-3000:]}\n{stderr[-5000:]}"
+        assert cut, text
+        assert proc.returncode == 0, text
+        summary = [line for line in stderr.splitlines() if line.startswith("allreduce-run: elastic job")][-1]
+        assert summary.startswith("allreduce-run: elastic job finished with 2 of 4 ranks"), summary
+        for name in (2, 3):
+            assert re.search(rf"evicted rank {name} of 4 \(name {name}, pid \d+ on \S+\) left out, not killed \(the "
+                             r"other side of the cut stops itself\): unreachable: nothing heard from host \S+ for "
+                             r"[\d.]+ s", summary), summary
+        noticed = re.search(r"rank 2 of 4 \(name 2\), rank 3 of 4 \(name 3\) died \(noticed at ([\d:.]+) UTC, "
+                            r"unreachable", stderr)
+        assert "rank 2 of 4 (name 2), rank 3 of 4 (name 3) left out (unreachable) at" in summary, summary
+        assert noticed, text
+        h, m, s = noticed.group(1).split(":")
+        waited = (int(h) * 3600 + int(m) * 60 + float(s) - cut["at"] % 86400) % 86400
+        gone = cut.get("ranks gone", float("inf")) - cut["at"]
+        print(f"cut at step 6; recovery line {waited:.2f} s later, host 1's ranks gone {gone:.2f} s later "
+              f"(bound {CUT_BOUND:g} s)")
+        print("\n".join(line for line in stderr.splitlines() if line.startswith("allreduce-run:")))
+        # the last beat before the cut came up to a beat (0.25 s) before it: the bound counts from there
+        assert CUT_BOUND - 0.5 <= waited <= CUT_BOUND + CUT_SLACK, (waited, text)
+        # they stopped themselves: gone within the bound, before anything ended mpirun
+        assert CUT_BOUND - 0.5 <= gone <= CUT_BOUND + CUT_SLACK and cut["ranks gone"] < cut.get("mpirun ended", 1e18), cut
+        assert "joined" not in summary, summary                          # below --max-np: no regrow
+        finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", stdout, re.M)
+        assert sorted(f[0] for f in finals) == ["0", "1"] and len({f[1:] for f in finals}) == 1, text
+        w, v = elastic_chaos.replay([int(n) for n in finals[0][4].split(",")])
+        assert (w.tobytes().hex(), v.tobytes().hex()) == finals[0][2:4], "state differs from the replay"
+        assert _python_in(cluster.hosts[1].name) == [], "host 1's ranks did not stop themselves"
+        subprocess.run(["ip", "link", "set", cluster.hosts[1].name, "up"], check=True)     # the link comes back
+        time.sleep(1)
+        assert _python_in(cluster.hosts[1].name) == []                   # nothing of the other side rejoins
+    finally:
+        net.down(CUT_PREFIX)
+    assert net.existing(CUT_PREFIX) == ([], [])

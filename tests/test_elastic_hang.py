@@ -191,11 +191,19 @@ def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text(tmp_path):
     shm = tmp_path
     gone = subprocess.Popen(["true"])
     gone.wait()
-    names = [f"allreduce-elastic-{gone.pid}-{12345}.beat", f"allreduce-elastic-{os.getpid()}-1.beat",
-             f"allreduce-elastic-{key}.beat", "allreduce-elastic-my-job.beat"]
+    names = [f"allreduce-elastic-{gone.pid}-{12345}.vm.beat", f"allreduce-elastic-{os.getpid()}-1.10_0_0_2.beat",
+             f"allreduce-elastic-{key}.vm.beat", "allreduce-elastic-my-job.vm.beat"]
     for n in names:
         (shm / n).write_bytes(b"")
     assert sorted(evict.remove_stale(str(shm))) == sorted(str(shm / n) for n in names[:2])
     assert sorted(p.name for p in shm.iterdir()) == sorted(names[2:])
-    assert evict.table_path({"ALLREDUCE_ELASTIC_JOB": "12-3"}) == "/dev/shm/allreduce-elastic-12-3.beat"
-    assert evict.table_path({"PMIX_NAMESPACE": "prterun-vm-77@2"}) == "/dev/shm/allreduce-elastic-prterun-vm-77.beat"
+    # an mpirun still running past the launcher's deadline (after a cut, after the watchdog's abort) is ended
+    import time
+
+    from allreduce import run
+    stuck = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    began = time.monotonic()
+    assert run._wait(stuck, {"at": began + 0.3, "why": "test"}) == -signal.SIGTERM
+    assert time.monotonic() - began < 3
+    assert evict.table_path({"ALLREDUCE_ELASTIC_JOB": "12-3"}, "10.0.0.2") == "/dev/shm/allreduce-elastic-12-3.10_0_0_2.beat"
+    assert evict.table_path({"PMIX_NAMESPACE": "prterun-vm-77@2"}, "vm") == "/dev/shm/allreduce-elastic-prterun-vm-77.vm.beat"

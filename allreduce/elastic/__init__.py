@@ -31,6 +31,8 @@ Horovod's elastic API on plain MPI (Open MPI's ULFM), started with
 * :mod:`.heartbeat`: a rank that is alive but silent (stopped, hung) stops
   beating; the others name it, and the launcher evicts it (:mod:`.evict`: SIGKILL
   by pid); then it is a death like any other.
+* :mod:`.partition`: the heartbeat across hosts (UDP), and the majority rule
+  when a host's link is cut: the side with the majority goes on, the other stops.
 * :mod:`.world`: who is in the world as it shrinks and grows (names, sizes).
 * :mod:`.launch`: what ``allreduce-run --elastic`` adds to the mpirun command and
   how it summarises the job.

@@ -22,15 +22,18 @@ hosts' kernel, so it reaches every rank this way.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 
 from .launch import MARK
 
-__all__ = ["Evictor", "Eviction", "parse", "start_time", "table_path", "remove_stale", "EVICTED"]
+__all__ = ["Evictor", "Eviction", "parse", "start_time", "table_path", "remove_tables", "remove_stale",
+           "EVICTED"]
 
 EVICTED = "allreduce-run: evicted "      #: the launcher's line for each eviction (Summary reads it back)
 
@@ -50,9 +53,15 @@ class Eviction:
     seen_by: str
     killed: bool = False
 
+    @property
+    def unreachable(self) -> bool:
+        """Named by the other side of a cut link (partition.py): this launcher cannot reach it either."""
+        return self.why.startswith("unreachable")
+
     def describe(self) -> str:
         """``rank 1 of 4 (name 1, pid 4242 on host-a) with SIGKILL: why`` (after ``evicted``)."""
-        how = "with SIGKILL" if self.killed else "not here (no such process on this host: the rank that named it kills it)"
+        how = ("with SIGKILL" if self.killed else "left out, not killed (the other side of the cut stops itself)"
+               if self.unreachable else "not here (no such process on this host: the rank that named it kills it)")
         return f"rank {self.rank} of {self.size} (name {self.name}, pid {self.pid} on {self.host}) {how}: {self.why}"
 
 
@@ -66,20 +75,37 @@ def start_time(pid: int) -> int:
         return 0
 
 
-def table_path(environ=os.environ) -> str:
+def table_path(environ=os.environ, host: str | None = None) -> str:
     """The heartbeat table of this job on this node (heartbeat.py): the launcher's key
     (``ALLREDUCE_ELASTIC_JOB``), else Open MPI's job name without its ``@N`` (spawned replacements
-    are jobs ``@2``, ``@3``, ... of the same run)."""
-    key = environ.get("ALLREDUCE_ELASTIC_JOB") or environ.get("PMIX_NAMESPACE", "job").split("@")[0]
-    return f"/dev/shm/allreduce-elastic-{''.join(c if c.isalnum() or c in '-_' else '_' for c in key)}.beat"
+    are jobs ``@2``, ``@3``, ... of the same run), and the host's name (``host``, default this one's):
+    hosts that share a /dev/shm, as a namespace cluster's do, each keep their own table."""
+    return f"/dev/shm/allreduce-elastic-{_job(environ)}.{_safe(host or socket.gethostname())}.beat"
 
 
-_KEY = re.compile(r"allreduce-elastic-(\d+)-(\d+)\.beat")
+def _job(environ) -> str:
+    return _safe(environ.get("ALLREDUCE_ELASTIC_JOB") or environ.get("PMIX_NAMESPACE", "job").split("@")[0])
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
+
+
+def remove_tables(environ=os.environ, directory: str = "/dev/shm") -> None:
+    """Remove this job's heartbeat tables, every host's (the launcher's clean-up at the end)."""
+    prefix = f"allreduce-elastic-{_job(environ)}."
+    for entry in os.listdir(directory):
+        if entry.startswith(prefix) and entry.endswith(".beat"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, entry))
+
+
+_KEY = re.compile(r"allreduce-elastic-(\d+)-(\d+)\.[\w-]*\.beat")
 
 
 def remove_stale(directory: str = "/dev/shm") -> list[str]:
     """Remove the heartbeat tables of launchers that are gone (a launcher killed before its own
-    clean-up): a table named by ``allreduce-run``'s key, ``<pid>-<start time>``, whose pid is not
+    clean-up): a table named by ``allreduce-run``'s key, ``<pid>-<start time>.<host>``, whose pid is not
     that process any more. Tables under another key (``ALLREDUCE_ELASTIC_JOB`` given by the user,
     plain mpirun's job name) are left alone. Returns the paths removed."""
     removed = []
@@ -124,7 +150,7 @@ class Evictor:
             if (wanted.pid, wanted.start) in self._seen:
                 return None
             self._seen.add((wanted.pid, wanted.start))
-            if wanted.start and start_time(wanted.pid) == wanted.start:
+            if wanted.start and start_time(wanted.pid) == wanted.start and not wanted.unreachable:
                 try:
                     os.kill(wanted.pid, signal.SIGKILL)
                     wanted.killed = True

@@ -43,6 +43,10 @@ recovery, and a rank that was only slow for longer than the bound is evicted
 A process whose own thread did not run for half the bound (the whole node
 stalled) skips one look, so it does not blame peers that stalled with it.
 
+Across hosts (no shared table) the beat travels as a UDP datagram, and a host
+whose every rank went silent is judged by a majority rule: :mod:`.partition`,
+called from the same thread.
+
 If the process is still there ``FALLBACK`` seconds after a line (no
 ``allreduce-run`` read it: plain ``mpirun``), the rank that wrote it SIGKILLs it
 itself, on its own node, after the same pid + start time check.
@@ -64,7 +68,7 @@ import numpy as np
 
 from ..errors import StallError
 from ..transport import liveness
-from . import world
+from . import partition, world
 from .evict import start_time, table_path
 from .launch import MARK
 
@@ -118,6 +122,7 @@ def finish() -> None:
     """This process is done with the job (finished, or leaving): nobody waits for its beat."""
     if _table is not None and _me >= 0:
         _table[_me][STATE] = DONE
+    partition.finish()
 
 
 def _describe(rank: int) -> str:
@@ -139,9 +144,11 @@ def _run() -> None:
         now = time.monotonic()
         _table[_me][BEAT_AT] = now
         _sample_cpu()
-        if now - last < _bound / 2:                 # else this process stalled too: look next time
+        judge = now - last < _bound / 2             # else this process stalled too: look next time
+        if judge:
             for name, silent in suspects(now):
                 _report(name, _stale_why(silent))
+        partition.look(now, _bound, judge=judge, report=_report)     # the other hosts (partition.py)
         _fall_back(now)
         last = now
 
@@ -260,7 +267,7 @@ def _stale_why(silent: float) -> str:
             f"{_bound:g} s, ALLREDUCE_ELASTIC_HANG_TIMEOUT)")
 
 
-def _report(name: int, why: str) -> None:
+def _report(name: int, why: str, fallback: bool = True) -> None:
     if name in _reported:
         return
     names = world.names()
@@ -270,7 +277,7 @@ def _report(name: int, why: str) -> None:
     host, pid, start_ = _where(name, rank)
     if pid <= 0:
         return
-    _reported[name] = (pid, start_, time.monotonic())
+    _reported[name] = (pid, start_ if fallback else 0, time.monotonic())   # start 0: no fallback kill
     me = names.index(_me) if _me in names else -1
     # os.write: the main thread may hold sys.stderr's lock (it may be the one stuck)
     os.write(2, (f"{MARK} evict rank {rank} of {len(names)} (name {name}, pid {pid} on {host}, start {start_}): "

@@ -50,7 +50,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "say", "clock", "MARK",
+__all__ = ["ElasticOptions", "split_flags", "mpirun_flags", "environment", "Summary", "say", "finished", "clock", "MARK",
            "BELOW_MIN_EXIT", "STUCK_EXIT", "RESET_LIMIT_EXIT"]
 
 MARK = "allreduce-elastic:"       #: the prefix of the lines the ranks write and the launcher reads
@@ -58,7 +58,8 @@ BELOW_MIN_EXIT = 3                #: exit status of every survivor when the job 
 RESET_LIMIT_EXIT = 5              #: exit status of every rank when the reset limit ends the job
 
 _RANKS = r"(rank \d+ of \d+ \(name \d+\)(?:, rank \d+ of \d+ \(name \d+\))*)"   # world.describe()
-_DIED = re.compile(re.escape(MARK) + " " + _RANKS + r" died \(noticed at ([\d:.]+ UTC)\); going on with (\d+)")
+_DIED = re.compile(re.escape(MARK) + " " + _RANKS + r" died \(noticed at ([\d:.]+ UTC)(, unreachable)?[^)]*\); "
+                   r"going on with (\d+)")
 _JOINED = re.compile(re.escape(MARK) + " " + _RANKS + r" joined \(spawned at ([\d:.]+ UTC)\)")
 _NO_SPAWN = re.compile(re.escape(MARK) + r" could not spawn (\d+) replacement")
 _FINISHED = re.compile(re.escape(MARK) + r" run\(\S+\) finished with (\d+) ranks")
@@ -133,6 +134,11 @@ def environment(options: ElasticOptions, environ: dict[str, str]) -> dict[str, s
     return env
 
 
+def finished(line: str) -> bool:
+    """Whether ``line`` is rank 0's "run(...) finished with N ranks" (the launcher watches for it)."""
+    return _FINISHED.search(line) is not None
+
+
 def say(text: str) -> None:
     """One ``allreduce-elastic:`` line on stderr, for ``allreduce-run --elastic``'s summary."""
     sys.stderr.write(f"{MARK} {text}\n")
@@ -172,7 +178,7 @@ class Summary:
             return
         if (m := _DIED.search(line)) is not None:
             self.deaths.append((m.group(1), m.group(2)))
-            self.events.append(f"{m.group(1)} died at {m.group(2)}")
+            self.events.append(f"{m.group(1)} {'left out (unreachable)' if m.group(3) else 'died'} at {m.group(2)}")
         elif (m := _JOINED.search(line)) is not None:
             self.joins.append((m.group(1), m.group(2)))
             self.events.append(f"{m.group(1)} joined at {m.group(2)}")

@@ -22,6 +22,8 @@
           (loop) sync sends them the commit, call train again
         a wait timed out (TransportTimeoutError): the peer it waited for is silent, not this
           rank: blame it (.heartbeat: the launcher SIGKILLs it), then recover as after a death
+        a host went silent (.partition: a cut link): the side with the majority leaves its ranks
+          out (MPI_Comm_create_group instead of the shrink) and goes on; the other side stops
         a named allreduce failed with StallError past stall_shutdown_time: blame the ranks that
           never submitted it, the same way
         a rank on this node stops beating for elastic_hang_timeout (.heartbeat's thread): the
@@ -57,7 +59,7 @@ from .. import api, faults
 from ..errors import AllreduceError, HostsUpdatedInterrupt
 from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaults before MPI_Init
 from ..transport.liveness import is_peer_failure, silent_peer
-from . import failure, heartbeat, watchdog, world
+from . import failure, heartbeat, partition, watchdog, world
 from .launch import BELOW_MIN_EXIT, MARK, clock, say
 from .regrow import grow
 from .state import State
@@ -92,7 +94,7 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
         world.base()
         remember_settings()
         if _elastic():
-            heartbeat.start(_settings.get("elastic_hang_timeout") or _settings.get("timeout", 30.0))
+            heartbeat.start(_bound())
         grow_next = reset_next = False
         while True:
             try:
@@ -116,8 +118,10 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
                     raise                         # allreduce.faults aborts the job
                 peer = silent_peer(exc)           # a wait timed out: the silent peer's fault, not ours
                 stalled, limit = heartbeat.stalled_ranks(exc)
-                if peer is not None:
-                    heartbeat.blame(peer, exc)    # the launcher evicts it; the shrink below waits for that
+                if peer is not None:          # unless its host is cut off (then the majority rule decides)
+                    partition.settle(_bound())
+                    if world.names()[peer: peer + 1] and world.names()[peer] not in partition.unreachable():
+                        heartbeat.blame(peer, exc)    # the launcher evicts it; the shrink below waits for that
                 elif stalled:
                     heartbeat.blame_stalled(stalled, limit)     # the same, for a tensor never submitted
                 elif not is_failure(exc):
@@ -141,6 +145,11 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
     return wrapper
 
 
+def _bound() -> float:
+    """Seconds of silence before a rank (or a host) counts as hung: elastic_hang_timeout, else timeout."""
+    return _settings.get("elastic_hang_timeout") or _settings.get("timeout", 30.0)
+
+
 def _elastic() -> bool:
     """Whether this job may shrink (allreduce-run --elastic: ULFM); otherwise a death ends it."""
     if not world.is_start_world():
@@ -161,12 +170,18 @@ def recover(state: State, caught: float) -> None:
         old = world.base()
         bounded = functools.partial(watchdog.step, timeout=settings.get("elastic_recovery_timeout", 0.0),
                                     who=world.who(), comm=old)
+        partition.settle(_bound())
+        cut = partition.cut_ranks(world.names())     # ranks of a host cut off (partition.py)
         with bounded("MPI_Comm_revoke"):
-            _revoke(old)
+            _revoke(old, base=not cut)
         with bounded("the library's shutdown (its engine thread)"):
             _quiet_shutdown()
-        with bounded("MPI_Comm_shrink"):
-            new = old.Shrink()
+        if cut:      # MPI_Comm_shrink would wait for them (alive to MPI): this side makes its own world
+            with bounded("MPI_Comm_create_group of the ranks this side reaches"):
+                new = _without(old, cut)
+        else:
+            with bounded("MPI_Comm_shrink"):
+                new = old.Shrink()
         last_recovery["shrunk"] = time.time()
         group, old_group = new.Get_group(), old.Get_group()
         kept = MPI.Group.Translate_ranks(group, list(range(new.Get_size())), old_group)
@@ -177,6 +192,8 @@ def recover(state: State, caught: float) -> None:
         gone = world.describe([i for i in range(len(before)) if i not in kept], dead, len(before))
         world.replace(new, [before[i] for i in kept])
         deaths.append((caught, dead))
+        if cut:
+            world.regrow_failed = True     # a spawn could place a replacement on the host it cannot reach
         if new.Get_size() < settings.get("elastic_min_np", 1):
             _stop(gone, new.Get_size(), settings["elastic_min_np"], state)
         try:
@@ -191,7 +208,8 @@ def recover(state: State, caught: float) -> None:
         last_recovery["rebuilt"] = time.time()
         last_recovery.pop("synced", None)
         if api.rank() == 0:
-            say(f"{gone} died (noticed at {clock(caught)} UTC); going on with "
+            how = ", unreachable: left out, and no regrow" if cut else ""
+            say(f"{gone} died (noticed at {clock(caught)} UTC{how}); going on with "
                 f"{api.size()} of {world.start_size()} ranks from {state.describe()}; shrink "
                 f"{last_recovery['shrunk'] - caught:.3f} s, rebuild "
                 f"{last_recovery['rebuilt'] - last_recovery['shrunk']:.3f} s")
@@ -205,10 +223,22 @@ def remember_settings() -> None:
         _settings = dataclasses.asdict(api.communicator().config)
 
 
-def _revoke(comm) -> None:
-    """Revoke the world and the library's own communicators: every survivor's pending MPI call,
-    and every wait of ours (liveness checks Is_revoked), ends with an error."""
-    comms = [comm]
+def _without(comm, ranks: list[int]):
+    """A communicator of ``comm``'s ranks but ``ranks`` (collective over those kept only)."""
+    group = comm.Get_group()
+    kept = group.Excl(ranks)
+    try:
+        return comm.Create_group(kept, tag=45)
+    finally:
+        kept.Free()
+        group.Free()
+
+
+def _revoke(comm, *, base: bool = True) -> None:
+    """Revoke the world (unless ``base`` is False: after a cut, this side builds its own world from
+    it) and the library's own communicators: every survivor's pending MPI call, and every wait of
+    ours (liveness checks Is_revoked), ends with an error."""
+    comms = [comm] if base else []
     if api.is_initialized():
         comms.append(api.communicator().transport.comm)
         engine = api._engine

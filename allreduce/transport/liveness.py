@@ -32,7 +32,11 @@ fails, and the waits above end with ``TransportTimeoutError`` after
 waited for; :data:`wait_hook` lets the elastic layer stamp "this rank is
 waiting, not hung" from every check (``allreduce/elastic/heartbeat.py``
 evicts the silent one). :attr:`Liveness.peers` is every rank's host, pid
-and start time, so a survivor can name the process to evict.
+and start time, so a survivor can name the process to evict, and
+:attr:`Liveness.beat_ports` the UDP port of every rank's :func:`beat_socket`,
+so a heartbeat can cross hosts (``allreduce/elastic/partition.py``). A rank the
+elastic layer declares unreachable (its host is cut off: :data:`cut`) is lost
+to every wait here as a dead one is, though MPI never hears of it.
 
 Cost: ~0.4 us per check, made only in waits that already lasted past their
 spin, at most every 10 ms; none at all without ``--elastic`` (the
@@ -52,7 +56,7 @@ from mpi4py import MPI   # import allreduce.transport.mpi before this module: it
 from ..errors import PeerLostError, TransportTimeoutError
 
 __all__ = ["Liveness", "raise_if_lost", "is_peer_failure", "failed_ranks", "silent_peer", "start_time",
-           "INTERVAL", "wait_hook"]
+           "beat_socket", "cut", "INTERVAL", "wait_hook"]
 
 INTERVAL = 0.01          #: seconds between two checks of one slow wait
 _ULFM_CLASSES = frozenset(getattr(MPI, name) for name in
@@ -64,6 +68,10 @@ wait_hook: Callable[[], None] | None = None
 #: ``rank -> "rank 2 (name 3)"``: how the elastic layer names a rank of the current world (its rank
 #: now and its rank in the starting world, allreduce/elastic/world.py); plain ``"rank 2"`` without.
 describe_rank: Callable[[int], str] = lambda rank: f"rank {rank}"
+#: ``(host, pid, start)`` of processes the elastic layer declared unreachable (a cut link): every
+#: wait on a communicator holding one raises ``PeerLostError``, as for a death MPI reported.
+cut: set[tuple[str, int, int]] = set()
+_beat_socket: socket.socket | None = None
 _WAITED_FOR = re.compile(r"waiting (?:to|for) (?:[a-z]+ )*?rank (\d+)")
 
 
@@ -77,6 +85,18 @@ def silent_peer(exc: BaseException) -> int | None:
             return int(match.group(1)) if match else -1
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+def beat_socket() -> socket.socket:
+    """This process's UDP socket for heartbeats across hosts (bound on first use, any address,
+    a port the kernel picks; non-blocking)."""
+    global _beat_socket
+    if _beat_socket is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("0.0.0.0", 0))
+        sock.setblocking(False)
+        _beat_socket = sock
+    return _beat_socket
 
 
 def start_time(pid: int) -> int:
@@ -157,7 +177,10 @@ class Liveness:
         # once, by more than 30 s, in an engine thread under load: tests/test_elastic.py).
         host = socket.gethostname()
         #: (host, pid, start time) of every rank of the communicator, in rank order
-        self.peers: list[tuple[str, int, int]] = comm.allgather((host, os.getpid(), start_time(os.getpid())))
+        both = comm.allgather((host, os.getpid(), start_time(os.getpid()), beat_socket().getsockname()[1]))
+        self.peers: list[tuple[str, int, int]] = [tuple(p[:3]) for p in both]
+        #: the UDP port of every rank's heartbeat socket, in rank order
+        self.beat_ports: list[int] = [p[3] for p in both]
         self._pids = [(r, pid) for r, (h, pid, _) in enumerate(self.peers) if h == host and r != rank]
 
     def check(self, what: str = "waited for a peer") -> None:
@@ -184,7 +207,7 @@ class Liveness:
             if not is_peer_failure(exc):
                 raise
             revoked = True
-        dead = failed_ranks(comm) or self._gone()
+        dead = failed_ranks(comm) or self._gone() or [r for r, p in enumerate(self.peers) if cut and p in cut]
         if dead or revoked or comm.Is_revoked():
             self.dead = dead or self.dead
             raise _lost(self.rank, self.dead, what)

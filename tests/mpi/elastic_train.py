@@ -51,6 +51,10 @@ at ``path`` and makes it) SIGKILLs itself before it merges with its parents.
 receive nobody sends) when it enters that recovery step (``MPI_Comm_shrink``;
 :mod:`allreduce.elastic.watchdog`), as Open MPI's ULFM deadlock would.
 
+``ELASTIC_STEP_SLEEP=<seconds>``: every rank sleeps that long after each step, and rank 0
+prints ``STEP <steps done> <size> <time>`` first (tests/test_cluster.py cuts a host's link
+at a step it reads there).
+
 Under ``--max-np`` the world grows back at the commit after a death
 (:mod:`allreduce.elastic.regrow`): replacements run this script too, named
 4, 5, ... (``allreduce.elastic.world``), and can be killed like any other.
@@ -83,6 +87,8 @@ from allreduce.transport.mpi import MPI
 
 N, LR, MU = 64, 2.0 ** -6, 0.5
 ALGORITHMS = ("ring", "tree", "rhd", "rd", "mpi", "shm", "auto")
+#: the algorithms the steps cycle through (ELASTIC_ALGORITHMS: across hosts, leave out shm)
+CYCLE = tuple(os.environ.get("ELASTIC_ALGORITHMS", ",".join(ALGORITHMS)).split(","))
 
 
 def grad(w: np.ndarray, step: int, rank: int, size: int) -> np.ndarray:
@@ -214,6 +220,7 @@ def main() -> None:
     watchdog.test_hook = _stuck_in
     steps = int(os.environ.get("ELASTIC_STEPS", "24"))
     every = int(os.environ.get("ELASTIC_COMMIT_EVERY", "3"))
+    pace = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
     state = TrainState(w=np.zeros(N), v=np.zeros(N), step=0, sizes=[], commits=0, in_run=f"r{ME}", rendezvous=0)
     resets = []
     resumed = [False]
@@ -238,7 +245,7 @@ def main() -> None:
             maybe_stop(s)
             g = grad(state.w, s, rank, size)
             phase = next((p for (_, at), p in KILLS.items() if at == s), "")   # the same on every rank
-            algo = phase if phase in ALGORITHMS else ("rd" if phase == "mailbox" else ALGORITHMS[s % len(ALGORITHMS)])
+            algo = phase if phase in ALGORITHMS else ("rd" if phase == "mailbox" else CYCLE[s % len(CYCLE)])
             big = np.tile(g, 1024 if phase not in ("rd", "mailbox") else 1)   # 512 KiB: the kill lands mid-call
             if phase in ALGORITHMS or phase == "mailbox":
                 maybe_die(s, phase)
@@ -258,6 +265,10 @@ def main() -> None:
             if resumed[0] and rank == 0:
                 print(f"RESUMED {size} {time.time():.6f}", flush=True)
             resumed[0] = False
+            if pace:                     # ELASTIC_STEP_SLEEP: a job slow enough to cut a link in (test_cluster)
+                if rank == 0:
+                    print(f"STEP {state.step} {size} {time.time():.6f}", flush=True)
+                time.sleep(pace)
             if state.step % every == 0:
                 state.commits += 1
                 state.commit()
