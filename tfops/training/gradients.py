@@ -44,14 +44,11 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
     out = list(grads)
     if ar.size() == 1:
         return out
-    dense = []
+    dense, sparse = [], []
     for i, g in enumerate(out):
         if g is None:
             continue
-        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
-            out[i] = allreduce(g, op=op, name=names[i])
-        else:
-            dense.append(i)
+        (sparse if isinstance(g, tf.IndexedSlices) and not sparse_as_dense else dense).append(i)
     if dense:
         xs = [tf.convert_to_tensor(out[i]) for i in dense]
         if overlap and not tf.executing_eagerly():
@@ -60,4 +57,9 @@ def reduce_gradients(grads, names: list[str], op=Average, compression=Compressio
             ys = grouped_dense(xs, op, compression, [names[i] for i in dense], comm_hook)
         for i, y in zip(dense, ys):
             out[i] = y
+    # The sparse ones after the dense ones: inside a tf.function TF runs stateful ops in program
+    # order, so an allgather made first would hold the dense buckets' submits until the whole
+    # backward pass (an embedding's gradient is its last op) and defeat the overlap.
+    for i in sparse:
+        out[i] = allreduce(out[i], op=op, name=names[i])
     return out

@@ -103,7 +103,10 @@ def _submit_first(groups: list[list[tf.Tensor]], submits: list[tf.Operation]) ->
     bucket by bucket, each op visited once); a labelled op with an input labelled lower is where
     its bucket's part of backprop starts. No cycle: ``submits[k]`` depends on ops labelled <= k
     only. Left as it is (no edge added) where a later bucket's ops include a stateful op with no
-    resource input: TF chains those in program order with the submits, before which it was made."""
+    resource input: TF chains those in program order with the submits, before which it was made.
+    An op that ``submits[k-1]`` already waits for (:func:`_ancestors`, the edges added for earlier
+    buckets included) gets no edge: it would close a cycle, as an embedding gradient's allgather
+    made before the submits once did (TF: "678 nodes in a cycle" on examples/gpt.py at hidden 128)."""
     graph = submits[0].graph
     label: dict[tf.Operation, int] = {}
     for k, tensors in enumerate(groups):
@@ -115,13 +118,36 @@ def _submit_first(groups: list[list[tf.Tensor]], submits: list[tf.Operation]) ->
             label[op] = k
             stack += [i.op for i in op.inputs if i.op.graph is graph and i.op not in label]
             stack += [c for c in op.control_inputs if c.graph is graph and c not in label]
-    edges = []
+    starts: list[list[tf.Operation]] = [[] for _ in groups]
     for op, k in label.items():
         if k == 0:
             continue
         if op._is_stateful and not any(i.dtype == tf.resource for i in op.inputs):   # noqa: SLF001
             return
         if any(label.get(i.op, k) < k for i in op.inputs) or any(label.get(c, k) < k for c in op.control_inputs):
-            edges.append((op, submits[k - 1]))
-    for op, submit in edges:
-        op._add_control_input(submit)                       # noqa: SLF001 - as TF's automatic control deps do
+            starts[k].append(op)
+    for k in range(1, len(groups)):
+        before = _ancestors(submits[k - 1])
+        for op in starts[k]:
+            if op not in before:
+                op._add_control_input(submits[k - 1])     # noqa: SLF001 - as TF's automatic control deps do
+
+
+def _ancestors(op: tf.Operation) -> set:
+    """Every op of ``op``'s graph that ``op`` waits for: through inputs and control inputs, and
+    (as TF's automatic control dependencies will chain them when the function is finished) every
+    stateful op with no resource input made before it, with what those wait for."""
+    graph, stack = op.graph, [op]
+    for other in graph.get_operations():              # creation order
+        if other is op:
+            break
+        if other._is_stateful and not any(i.dtype == tf.resource for i in other.inputs):   # noqa: SLF001
+            stack.append(other)
+    seen: set = set(stack[1:])
+    while stack:
+        cur = stack.pop()
+        for parent in [i.op for i in cur.inputs] + list(cur.control_inputs):
+            if parent.graph is graph and parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
