@@ -197,6 +197,23 @@ def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text(tmp_path):
         (shm / n).write_bytes(b"")
     assert sorted(evict.remove_stale(str(shm))) == sorted(str(shm / n) for n in names[:2])
     assert sorted(p.name for p in shm.iterdir()) == sorted(names[2:])
+    # the majority rule of a cut link (partition.py), and a host counts as silent only when all its ranks are
+    from allreduce.elastic import partition
+    assert partition.goes_on(2, 4, with_rank_0=True) and not partition.goes_on(2, 4, with_rank_0=False)
+    assert partition.goes_on(2, 3, with_rank_0=False) and not partition.goes_on(1, 3, with_rank_0=True)
+    assert partition.goes_on(3, 5, with_rank_0=False) and not partition.goes_on(2, 5, with_rank_0=True)
+    book, heard = {2: ("b", ("10.0.0.2", 1)), 3: ("b", ("10.0.0.2", 2)), 4: ("c", ("10.0.0.3", 3))}, \
+        {2: 90.0, 3: 99.0, 4: 90.0}
+    try:
+        partition._book, partition._heard = book, heard
+        assert partition._silent_hosts(100.0, 4.0) == {"c"}            # b's rank 3 still beats
+        heard[3] = 95.0
+        assert partition._silent_hosts(100.0, 4.0) == {"b", "c"}
+        partition._done.add(4)                                         # c's rank finished: not silent
+        assert partition._silent_hosts(100.0, 4.0) == {"b"}
+    finally:
+        partition._book, partition._heard = {}, {}
+        partition._done.clear()
     # an mpirun still running past the launcher's deadline (after a cut, after the watchdog's abort) is ended
     import time
 

@@ -57,7 +57,7 @@ from ..transport import liveness
 from . import world
 from .launch import MARK
 
-__all__ = ["look", "finish", "cut_ranks", "settle", "unreachable", "PARTITION_EXIT"]
+__all__ = ["look", "finish", "goes_on", "cut_ranks", "settle", "unreachable", "PARTITION_EXIT"]
 
 PARTITION_EXIT = 6          #: exit status of a rank on the side of a cut that stops
 _FORMAT = struct.Struct("!IiiI")     # job, name, state (1 live, 2 done), sequence
@@ -118,9 +118,7 @@ def _receive(now: float) -> None:
     while True:
         try:
             data = sock.recv(64)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
+        except OSError:                            # BlockingIOError: nothing more came
             return
         if len(data) != _FORMAT.size:
             continue
@@ -148,8 +146,7 @@ def look(now: float, bound: float, *, judge: bool, report) -> None:
     names = world.names()
     lost = {n for n, (host, _) in _book.items() if host in silent}
     side = [n for n in names if n not in lost]
-    rank0 = names[0]
-    if 2 * len(side) > len(names) or (2 * len(side) == len(names) and rank0 in side):
+    if goes_on(len(side), len(names), with_rank_0=names[0] in side):
         for name in sorted(lost - set(_cut)):
             host = _book[name][0]
             _cut[name] = host
@@ -167,6 +164,11 @@ def look(now: float, bound: float, *, judge: bool, report) -> None:
                  f"{', '.join(sorted(silent))} for {bound:g} s; it stops (exit {PARTITION_EXIT}) so that the "
                  "other side goes on alone (no split brain)\n").encode())
     os._exit(PARTITION_EXIT)
+
+
+def goes_on(side: int, size: int, *, with_rank_0: bool) -> bool:
+    """The majority rule: whether a side that holds ``side`` of the world's ``size`` ranks goes on."""
+    return 2 * side > size or (2 * side == size and with_rank_0)
 
 
 def _last(host: str) -> float:
@@ -198,12 +200,7 @@ def settle(bound: float) -> None:
     """Wait (at most ``bound``) while some host is silent for more than half the bound but no verdict
     is out: a peer of this side may have found it cut a beat earlier than this rank will."""
     end = time.monotonic() + bound
-    while _book and time.monotonic() < end:
-        now = time.monotonic()
-        pending = [h for h in {h for h, _ in _book.values()} if now - _last(h) > bound / 2
-                   and not any(_cut.get(n) == h for n in _book)]
-        if not pending:
-            return
+    while _book and time.monotonic() < end and _silent_hosts(time.monotonic(), bound / 2) - set(_cut.values()):
         time.sleep(0.05)
 
 
