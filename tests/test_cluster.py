@@ -158,7 +158,8 @@ def _python_in(space: str) -> list[int]:
 
 
 def test_a_cut_link_the_side_with_rank_0_goes_on_and_the_other_stops():
-    """-np 4 over 2 hosts x 2, --elastic --min-np 2 --max-np 4: host 1's link goes down at step 6.
+    """-np 4 over 2 hosts x 2, --elastic --min-np 2 --max-np 4: host 1's link goes down for 1.5 s at step 3
+    (under the bound: nobody is evicted), then for good at step 8.
     Host 0 (ranks 0, 1: half, with rank 0) names 2 and 3 unreachable, leaves them out and finishes
     at 2 of 4 without regrowing, bitwise equal to the replay; host 1's ranks stop themselves.
     Bounded: cut -> recovery line within CUT_BOUND + CUT_SLACK; the whole launch within TIMEOUT."""
@@ -181,11 +182,18 @@ def test_a_cut_link_the_side_with_rank_0_goes_on_and_the_other_stops():
                                 start_new_session=True)
         out, err, cut = [], [], {}
 
+        def link(state: str) -> None:
+            subprocess.run(["ip", "link", "set", cluster.hosts[1].name, state], check=True)
+
         def read_out():
             for line in proc.stdout:
                 out.append(line)
-                if line.startswith("STEP 6 ") and not cut:
-                    subprocess.run(["ip", "link", "set", cluster.hosts[1].name, "down"], check=True)
+                if line.startswith("STEP 3 ") and "flap" not in cut:      # down for 1.5 s: under the bound
+                    cut["flap"] = time.time()
+                    link("down")
+                    threading.Timer(1.5, link, ("up",)).start()
+                if line.startswith("STEP 8 ") and "at" not in cut:
+                    link("down")
                     cut["at"] = time.time()
 
         def read_err():
@@ -212,7 +220,7 @@ def test_a_cut_link_the_side_with_rank_0_goes_on_and_the_other_stops():
                 t.join(10)
         stdout, stderr = "".join(out), "".join(err)
         text = f"{stdout[-3000:]}\n{stderr[-5000:]}"
-        assert cut, text
+        assert "at" in cut, text
         assert proc.returncode == 0, text
         summary = [line for line in stderr.splitlines() if line.startswith("allreduce-run: elastic job")][-1]
         assert summary.startswith("allreduce-run: elastic job finished with 2 of 4 ranks"), summary
@@ -227,7 +235,7 @@ def test_a_cut_link_the_side_with_rank_0_goes_on_and_the_other_stops():
         h, m, s = noticed.group(1).split(":")
         waited = (int(h) * 3600 + int(m) * 60 + float(s) - cut["at"] % 86400) % 86400
         gone = cut.get("ranks gone", float("inf")) - cut["at"]
-        print(f"cut at step 6; recovery line {waited:.2f} s later, host 1's ranks gone {gone:.2f} s later "
+        print(f"a 1.5 s flap at step 3 (kept), cut at step 8; recovery line {waited:.2f} s later, host 1's ranks gone {gone:.2f} s later "
               f"(bound {CUT_BOUND:g} s)")
         print("\n".join(line for line in stderr.splitlines() if line.startswith("allreduce-run:")))
         # the last beat before the cut came up to a beat (0.25 s) before it: the bound counts from there
@@ -235,6 +243,7 @@ def test_a_cut_link_the_side_with_rank_0_goes_on_and_the_other_stops():
         # they stopped themselves: gone within the bound, before anything ended mpirun
         assert CUT_BOUND - 0.5 <= gone <= CUT_BOUND + CUT_SLACK and cut["ranks gone"] < cut.get("mpirun ended", 1e18), cut
         assert "joined" not in summary, summary                          # below --max-np: no regrow
+        assert len(re.findall(r"evicted rank", summary)) == 2 and stderr.count("going on with") == 1, summary
         finals = re.findall(r"^FINAL (\d+) (\d+) (\w+) (\w+) ([\d,]+) resets=", stdout, re.M)
         assert sorted(f[0] for f in finals) == ["0", "1"] and len({f[1:] for f in finals}) == 1, text
         w, v = elastic_chaos.replay([int(n) for n in finals[0][4].split(",")])
