@@ -1,7 +1,10 @@
 """allreduce-plan's predictions against real runs of the project's GPT (examples/gpt.py).
 
-    python benchmarks/plan_bench.py                    # -np 4: t1 x ZeRO 0-3, t2, t4; writes results/plan.json
+    python benchmarks/plan_bench.py                    # -np 4: t1 x ZeRO 0-3, t2, t4, pipeline 2; writes results/plan.json
     python benchmarks/plan_bench.py --render           # the BENCHMARKS.md section from results/plan.json
+
+A configuration is ``t<tensor>[p<pipeline>]z<ZeRO stage>``: t1z3 is fully_shard with stage 3 over
+the 4 ranks, t2z0 tensor 2 x data 2, t1p2z0 pipeline 2 x data 2 (examples/gpt_pipeline.py, 1F1B).
 
 One launch runs every configuration in turn in the same ranks (each one's model and optimizer are
 dropped before the next is built). Per configuration and rank it measures
@@ -9,7 +12,11 @@ dropped before the next is built). Per configuration and rank it measures
 * **counted arrays**, from the run's live objects: the weights (``model.trainable_variables``), the
   optimizer state (the Keras optimizer's variables; the inner one's for ``ShardedOptimizer``), and
   the activations: the bytes of every forward tensor that the backward pass reads, counted in the
-  traced step's graph (what must stay alive from forward to backward; shapes are static);
+  traced step's graph (what must stay alive from forward to backward; shapes are static;
+  benchmarks/plan_counts.py). Stage 3 also keeps, while a unit's backward runs, what its
+  recompute keeps (counted in the same graph); a pipeline rank holds its chunk's count for one
+  micro-batch (a ``tf.function`` of the chunk's forward and backward) once per micro-batch in
+  flight (``Pipeline.peak_live``: its eager tapes alive at once);
 * **peak RSS above the baseline**: ``VmHWM`` after the steps, less ``VmRSS`` just before the model
   was built (the peak is reset there through ``/proc/self/clear_refs``), all ranks with
   ``MALLOC_MMAP_THRESHOLD_=131072``; the baseline (TensorFlow's runtime, the previous
@@ -34,10 +41,13 @@ import sys
 import time
 from pathlib import Path
 
+from plan_counts import SEED, kept_activation_bytes, rebuilt_activation_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "plan.json"
 MIB = float(1 << 20)
-DEFAULT_CONFIGS = ("t1z0", "t1z1", "t1z2", "t1z3", "t2z0", "t4z0")
+DEFAULT_CONFIGS = ("t1z0", "t1z1", "t1z2", "t1z3", "t2z0", "t4z0", "t1p2z0")
+MICRO_BATCHES = 4                 #: per step, for the pipeline configurations (gpt.py --micro-batches)
 FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
@@ -52,42 +62,15 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def parse_config(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"t(\d+)z([0-3])", text)
+def parse_config(text: str) -> tuple[int, int, int]:
+    """``t<tensor>[p<pipeline>]z<ZeRO stage>`` -> (tensor, pipeline, stage): t2z0, t1p2z0."""
+    m = re.fullmatch(r"t(\d+)(?:p(\d+))?z([0-3])", text)
     if m is None:
-        raise ValueError(f"a configuration is t<tensor>z<ZeRO stage>, e.g. t2z0; got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def kept_activation_bytes(graph, loss) -> int:
-    """Bytes of the forward tensors the backward pass reads in a traced training step.
-
-    The forward pass is every op the loss's value depends on; any other op that reads one of its tensors
-    (the gradients) keeps that tensor alive from forward to backward. A Reshape or Identity shares
-    its input's buffer, so each is followed to the tensor that owns the memory, counted once;
-    variable reads and constants are weights, not activations."""
-    forward, stack = set(), [loss.op]
-    while stack:
-        op = stack.pop()
-        if op not in forward:
-            forward.add(op)
-            stack += [t.op for t in op.inputs]           # data only: the step's output waits on the update too
-    owners = set()
-    for op in graph.get_operations():
-        if op in forward:
-            continue
-        for t in op.inputs:
-            while t.op.type in _ALIASES and t.op.inputs:
-                t = t.op.inputs[0]
-            if t.op in forward and t.op.type not in _NOT_ACTIVATIONS:
-                owners.add(t.ref())
-    tensors = [r.deref() for r in owners]
-    return sum(t.shape.num_elements() * t.dtype.size for t in tensors
-               if t.dtype.is_floating and t.shape.is_fully_defined())
-
-
-_ALIASES = {"Reshape", "Identity", "ExpandDims", "Squeeze"}
-_NOT_ACTIVATIONS = {"ReadVariableOp", "Const", "VarHandleOp", "Placeholder", "ResourceGather"}
+        raise ValueError(f"a configuration is t<tensor>[p<pipeline>]z<ZeRO stage>, e.g. t2z0 or t1p2z0; got {text!r}")
+    t, p, z = int(m.group(1)), int(m.group(2) or 1), int(m.group(3))
+    if p > 1 and z:
+        raise ValueError(f"{text}: a pipeline runs without ZeRO here (tfops.parallel.Pipeline takes a plain optimizer)")
+    return t, p, z
 
 
 def _matmul_rate(tf, tfops, hidden: int) -> float:
@@ -105,6 +88,29 @@ def _matmul_rate(tf, tfops, hidden: int) -> float:
     return 2.0 * 8 * hidden * hidden * 4 * hidden / statistics.median(times)
 
 
+def _link(tf, tfops) -> tuple[float, float]:
+    """This run's (alpha, beta) for a tfops collective, every rank at once: the ring's terms fitted
+    to the median of 5 allreduces of 4 bytes and of 4 MiB inside a tf.function (the path the
+    training step's collectives take), as select.py's fit reads its table."""
+    p = tfops.size()
+    if p == 1:
+        return 0.0, 0.0
+    times = {}
+    for n in (1, 1 << 20):
+        x = tf.zeros([n])
+        op = tf.function(lambda x=x, n=n: tfops.allreduce(x, name=f"plan_bench.link.{n}"))
+        op()
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            op().numpy()
+            runs.append(time.perf_counter() - start)
+        times[n] = statistics.median(runs)
+    alpha = times[1] / (2 * (p - 1))                                   # ring: 2(p-1) messages
+    beta = max(0.0, times[1 << 20] - times[1]) / (2 * (p - 1) / p * 4 * (1 << 20))
+    return alpha, beta
+
+
 def _train_step(tf, tfops, model, optimizer, data_set):
     """examples/gpt.py's step (no sequence parallelism), its gradients reduced as one group: with
     several, tfops.training.overlap's submit-first edges close a cycle with the split layers'
@@ -115,14 +121,99 @@ def _train_step(tf, tfops, model, optimizer, data_set):
             loss = model.loss_of(model(x), y)
         if data_set is not None:
             tape = tfops.DistributedGradientTape(tape, process_set=data_set, num_groups=1)
-        grads = tape.gradient(loss, model.trainable_variables)
+        seed = tf.ones_like(loss, name=SEED)                 # named: rebuilt_activation_bytes finds the flow
+        grads = tape.gradient(loss, model.trainable_variables, output_gradients=seed)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
     return step
 
 
-def worker(args) -> None:
+def _gathered_bytes(tfops, model) -> int:
+    """Stage 3: the most whole-weight bytes two consecutive units hold at once (running + prefetched)."""
+    from tfops.sharding.fully_shard import state_of
+    units = state_of(model).units
+    whole = [sum(v.dtype.size * int(v.shape.num_elements()) for v in u.full_vars) for u in units]
+    return max((a + b for a, b in zip(whole, whole[1:])), default=sum(whole))
+
+
+def _pipeline_probe(tf, pipe, rows: int, seq: int, hidden: int):
+    """This rank's chunk, forward and backward of one micro-batch as a ``tf.function``: the graph
+    whose kept tensors an eager tape of the pipeline holds per micro-batch in flight (its input
+    and output included: Pipeline keeps both until the micro-batch's backward)."""
+    chunk, k = pipe.chunks[0], pipe._k(0)
+    b = rows // pipe.m
+    inp = tf.zeros([b, seq], tf.int32) if k == 0 else tf.zeros([b, seq, hidden])
+
+    @tf.function
+    def probe(inp, y):
+        with tf.GradientTape() as tape:
+            if k > 0:
+                tape.watch(inp)
+            out = chunk(inp, training=True)
+            if k == pipe.last:
+                out = tf.reduce_mean(tf.cast(pipe.loss(y, out), tf.float32)) / pipe.m
+        seed = tf.ones_like(out, name=SEED)                  # the received gradient
+        return [out] + tape.gradient(out, chunk.trainable_variables + ([inp] if k > 0 else []),
+                                     output_gradients=seed)
+    concrete = probe.get_concrete_function(inp, tf.zeros([b, seq], tf.int32))
+    return concrete.graph, concrete.graph.outputs[0]
+
+
+def _run_one(name, args, tf, tfops, keras, parallel, gpt, ids, vocab, meshes) -> dict:
+    """Build, trace, time and count one configuration; returns this rank's row."""
     import numpy as np
+    t, p, z = parse_config(name)
+    cfg = gpt.Config(args.layers, args.hidden, args.heads, args.seq, vocab)
+    mesh = meshes.get((t, p)) or meshes.setdefault((t, p), parallel.Mesh(tensor=t, pipeline=p))
+    gc.collect()
+    base = _status("VmRSS")
+    _reset_peak()
+    model = gpt.build(cfg, mesh)
+    inner = keras.optimizers.Adam(1e-3)
+    rows = args.batch // mesh.data
+    mine = slice(mesh.data_rank * rows, (mesh.data_rank + 1) * rows)
+    xs = [tuple(tf.constant(a[mine]) for a in gpt.batch(ids, i, args.batch, cfg.seq)) for i in range(args.steps + 1)]
+    extra = {}
+    if p > 1:
+        from gpt_pipeline import pipeline_of
+        pipe = pipeline_of(model, mesh, micro_batches=args.micro_batches)
+        opt, variables = inner, pipe.trainable_variables
+        step = lambda x, y: pipe.train_step(x, y, inner)          # noqa: E731
+    else:
+        if z == 3:
+            tfops.sharding.fully_shard(model, process_set=mesh.data_set)
+        opt = inner if z == 0 else tfops.ShardedOptimizer(inner, stage=z, process_set=None if z == 3 else mesh.data_set)
+        step = _train_step(tf, tfops, model, opt, mesh.data_set if z == 0 and mesh.data > 1 else None)
+        variables = model.trainable_variables
+    step(*xs[0])                                                   # trace, build the optimizer
+    if p > 1:
+        graph, loss = _pipeline_probe(tf, pipe, rows, cfg.seq, cfg.hidden)
+        extra = {"pipeline_rank": mesh.pipeline_rank, "micro_batches": pipe.m, "in_flight": pipe.peak_live}
+    else:
+        concrete = step.get_concrete_function(*xs[0])
+        graph, loss = concrete.graph, concrete.graph.outputs[0]
+    if z == 3:
+        extra["gathered"] = _gathered_bytes(tfops, model)
+    kept, rebuilt = kept_activation_bytes(graph, loss), rebuilt_activation_bytes(graph, loss)
+    times = []
+    for x, y in xs[1:]:
+        tfops.allreduce(tf.zeros([1]), name=f"plan_bench.barrier.{name}")
+        start = time.perf_counter()
+        float(step(x, y))
+        times.append(time.perf_counter() - start)
+    # Adam's m and v, and ShardedOptimizer's copy of this rank's slice of the weights (stages 1-2)
+    state_vars = list(getattr(opt, "inner_optimizer", opt).variables) + list(getattr(opt, "_seg_vars", []))
+    acts = kept * extra.get("in_flight", 1) + rebuilt
+    return {"config": name, "rank": tfops.rank(), "np": tfops.size(), "tensor": t, "pipeline": p, "data": mesh.data,
+            "zero": z, "rows": rows, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
+            "vocab": cfg.vocab, "params": sum(int(np.prod(v.shape)) for v in variables),
+            "weights": sum(v.numpy().nbytes for v in variables),
+            "state": sum(v.numpy().nbytes for v in state_vars if int(np.prod(v.shape)) > 1),
+            "activations": acts, "kept": kept, "rebuilt": rebuilt, "base": base,
+            "peak_above": _status("VmHWM") - base, "step_s": statistics.median(times), **extra}
+
+
+def worker(args) -> None:
     import tensorflow as tf
     import keras
     import tfops
@@ -132,52 +223,20 @@ def worker(args) -> None:
 
     tfops.init()
     ids, vocab = gpt.text_and_vocab()
-    cfg = gpt.Config(args.layers, args.hidden, args.heads, args.seq, vocab)
     rate = _matmul_rate(tf, tfops, args.hidden)                      # also loads the runtime's kernels
+    alpha, beta = _link(tf, tfops)
     meshes = {}
     for name in args.configs.split(","):
-        t, z = parse_config(name)
-        mesh = meshes.get(t) or meshes.setdefault(t, parallel.Mesh(tensor=t))
-        gc.collect()
-        base = _status("VmRSS")
-        _reset_peak()
-        model = gpt.build(cfg, mesh)
-        if z == 3:
-            tfops.sharding.fully_shard(model, process_set=mesh.data_set)
-        inner = keras.optimizers.Adam(1e-3)
-        opt = inner if z == 0 else tfops.ShardedOptimizer(inner, stage=z, process_set=None if z == 3 else mesh.data_set)
-        step = _train_step(tf, tfops, model, opt, mesh.data_set if z == 0 and mesh.data > 1 else None)
-        rows = args.batch // mesh.data
-        mine = slice(mesh.data_rank * rows, (mesh.data_rank + 1) * rows)
-        xs = [tuple(tf.constant(a[mine]) for a in gpt.batch(ids, i, args.batch, cfg.seq)) for i in range(args.steps + 1)]
-        step(*xs[0])                                                   # trace, build the optimizer
-        concrete = step.get_concrete_function(*xs[0])
-        graph, loss = concrete.graph, concrete.graph.outputs[0]
-        times = []
-        for x, y in xs[1:]:
-            tfops.allreduce(tf.zeros([1]), name=f"plan_bench.barrier.{name}")
-            start = time.perf_counter()
-            float(step(x, y))
-            times.append(time.perf_counter() - start)
-        # Adam's m and v, and ShardedOptimizer's copy of this rank's slice of the weights (stages 1-2)
-        state_vars = list(getattr(opt, "inner_optimizer", opt).variables) + list(getattr(opt, "_seg_vars", []))
-        out = {"config": name, "rank": tfops.rank(), "np": tfops.size(), "tensor": t, "data": mesh.data, "zero": z,
-               "rows": rows, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
-               "vocab": cfg.vocab, "params": sum(int(np.prod(v.shape)) for v in model.trainable_variables),
-               "weights": sum(v.numpy().nbytes for v in model.trainable_variables),
-               "state": sum(v.numpy().nbytes for v in state_vars if int(np.prod(v.shape)) > 1),
-               "activations": kept_activation_bytes(graph, loss), "base": base,
-               "peak_above": _status("VmHWM") - base, "step_s": statistics.median(times), "flops": rate}
-        print("RESULT " + json.dumps(out), flush=True)
-        del model, opt, inner, step, concrete, graph, loss, state_vars
+        out = _run_one(name, args, tf, tfops, keras, parallel, gpt, ids, vocab, meshes)
+        print("RESULT " + json.dumps({**out, "flops": rate, "alpha": alpha, "beta": beta}), flush=True)
         keras.backend.clear_session()
 
 
 def launch(np_: int, configs: str, *, layers: int, hidden: int, heads: int, seq: int, batch: int,
-           steps: int, timeout: float = 1800) -> list[dict]:
+           steps: int, micro_batches: int = MICRO_BATCHES, timeout: float = 1800) -> list[dict]:
     cmd = ["allreduce-run", "-np", str(np_), sys.executable, str(Path(__file__).resolve()), "--worker",
            "--configs", configs, "--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads),
-           "--seq", str(seq), "--batch", str(batch), "--steps", str(steps)]
+           "--seq", str(seq), "--batch", str(batch), "--steps", str(steps), "--micro-batches", str(micro_batches)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
                TF_NUM_INTEROP_THREADS="1", ALLREDUCE_TIMEOUT="600", **FIXED_MMAP)   # loaded machines: slow, not stuck
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -199,35 +258,60 @@ def launch(np_: int, configs: str, *, layers: int, hidden: int, heads: int, seq:
 
 
 # --------------------------------------------------------------------------- the planner's side
-def predict(row: dict) -> dict:
+def predict(row: dict, machine=None) -> dict:
     """The planner's bytes and seconds for one measured row's layout (float32 Adam; the example's
-    model: no dropout, untied head; tfops keeps the inner optimizer's copy of the slice at stages 1-2)."""
+    model: no dropout, untied head, Keras layers; tfops keeps the inner optimizer's copy of the slice
+    at stages 1-2, and its stage 3 re-runs every unit in backward: recompute "full")."""
     from allreduce.plan import PRECISIONS, Layout, Machine, Transformer, memory, step_time
     fp32 = PRECISIONS["fp32"]
     model = Transformer(row["layers"], row["hidden"], row["heads"], row["seq"], row["vocab"], dropout=False,
                         tied=False, kept="keras", name="examples/gpt.py")
-    lay = Layout(data=row["data"], tensor=row["tensor"], zero=row["zero"], micro_batch=row["rows"])
+    p, m = row.get("pipeline", 1), row.get("micro_batches", 1)
+    lay = Layout(data=row["data"], tensor=row["tensor"], pipeline=p, zero=row["zero"],
+                 recompute="full" if row["zero"] == 3 else "none", micro_batch=row["rows"] // m, microbatches=m)
     mem = memory(model, lay, fp32, extra_state_sharded=4.0)
-    st = step_time(model, lay, fp32, Machine(flops=row["flops"]), stage_params=mem.params)
+    st = step_time(model, lay, fp32, machine or run_machine([row]), stage_params=mem.params)
     return {"weights": mem.weights, "grads": mem.grads, "state": mem.state, "activations": mem.activations,
-            "total": mem.total, "step_s": st.total, "params": mem.params}
+            "total": mem.total, "step_s": st.total, "params": mem.params, "stage": mem.stage, "layout": lay.label()}
+
+
+def run_machine(rows: list[dict]):
+    """The planner's Machine for a run: the median over its rows of the matmul rate and, where the run
+    measured them, of its collectives' alpha and beta (else select.py's table prices them)."""
+    from allreduce.algorithms.network import Link
+    from allreduce.plan import Machine
+    flops = statistics.median(r["flops"] for r in rows)
+    if not all("alpha" in r for r in rows):
+        return Machine(flops=flops)
+    link = Link(statistics.median(r["alpha"] for r in rows), statistics.median(r["beta"] for r in rows), "measured")
+    return Machine(flops=flops, intra=link)
 
 
 def compare(rows: list[dict]) -> list[dict]:
-    """One line per configuration: the fullest rank's counts (max over ranks) beside the prediction."""
-    out = []
+    """One line per configuration: the fullest rank's counts (max over ranks) beside the prediction.
+    At ZeRO 3 the counted weights add the whole weights of the two largest consecutive units (the
+    one running and the one prefetched), from the live units' shapes."""
+    out, machine = [], run_machine(rows)
     for name in dict.fromkeys(r["config"] for r in rows):
         mine = [r for r in rows if r["config"] == name]
-        top = max(mine, key=lambda r: r["weights"] + r["state"] + r["activations"])
-        pred = predict(top)
-        counted = top["weights"] + pred["grads"] + top["state"] + top["activations"]
+        top = max(mine, key=lambda r: r["weights"] + r.get("gathered", 0) + r["state"] + r["activations"])
+        pred = predict(top, machine)
+        weights = top["weights"] + top.get("gathered", 0)
+        counted = weights + pred["grads"] + top["state"] + top["activations"]
         out.append({"config": name, "np": top["np"], "tensor": top["tensor"], "data": top["data"],
-                    "zero": top["zero"], "pred": pred, "weights": top["weights"], "state": top["state"],
-                    "activations": top["activations"], "counted": counted,
+                    "pipeline": top.get("pipeline", 1), "zero": top["zero"], "pred": pred, "weights": weights,
+                    "state": top["state"], "activations": top["activations"], "counted": counted,
                     "error": counted / pred["total"] - 1, "base": max(r["base"] for r in mine),
-                    "peak_above": max(r["peak_above"] for r in mine),
+                    "peak_above": max(r["peak_above"] for r in mine), "rank": top["rank"],
+                    "in_flight": top.get("in_flight"), "rebuilt": top.get("rebuilt", 0),
                     "step_s": statistics.median(r["step_s"] for r in mine), "flops": top["flops"]})
     return out
+
+
+def orders(lines: list[dict]) -> tuple[list[str], list[str]]:
+    """The configurations fastest first: as the planner predicts them, and as they were measured."""
+    return ([ln["config"] for ln in sorted(lines, key=lambda ln: ln["pred"]["step_s"])],
+            [ln["config"] for ln in sorted(lines, key=lambda ln: ln["step_s"])])
 
 
 def ordering_agrees(lines: list[dict], *, margin: float = 0.25) -> list[tuple[str, str, bool]]:
@@ -250,30 +334,35 @@ def _runs(saved: dict) -> str:
 def render(saved: dict) -> str:
     lines = compare(saved["rows"])
     a = saved["args"]
-    out = [f"## The planner's predictions against the GPT example (issue 44)", "",
+    out = ["## The planner's predictions against the GPT example (issue 44)", "",
            f"{_runs(saved)}: examples/gpt.py with {a['layers']} layers, "
            f"hidden {a['hidden']}, {a['heads']} heads, sequence {a['seq']}, global batch {a['batch']}, float32 Adam, "
-           f"-np {lines[0]['np'] if lines else '?'}, every configuration in the same ranks one after another. MiB per "
-           "rank, the fullest rank. *Counted*: weights and optimizer state from the live variables, activations = "
-           "the forward tensors the backward pass reads in the traced step (gradients: the planner's figure in both "
-           "columns, they are not a live object after the step; at ZeRO 3 the predicted weights include the two "
-           "gathered layers, which live only while a layer runs, and the counted ones are the shards). *Peak above base*: VmHWM less VmRSS before the "
-           "model was built, MALLOC_MMAP_THRESHOLD_=131072; base = TensorFlow's runtime and what earlier "
-           "configurations left. Step: median measured; predicted from the planner with the rate a matmul "
-           "reached in the same run.", "",
+           f"-np {lines[0]['np'] if lines else '?'}, every configuration in the same ranks one after another "
+           f"(pipeline: 1F1B, {a.get('micro_batches', MICRO_BATCHES)} micro-batches). MiB per rank, the fullest rank. "
+           "*Counted*: weights and optimizer state from the live variables (ZeRO 3: the shards plus the whole "
+           "weights of the two largest consecutive units, running and prefetched); activations = the forward "
+           "tensors the backward pass reads in the traced step (benchmarks/plan_counts.py), at ZeRO 3 plus what "
+           "the largest recomputed unit keeps in backward, in a pipeline the traced chunk's count for one "
+           "micro-batch x the most micro-batches the schedule held in flight. Gradients: the planner's figure in "
+           "both columns (not a live object after the step). *Peak above base*: VmHWM less VmRSS before the model "
+           "was built, MALLOC_MMAP_THRESHOLD_=131072; base = TensorFlow's runtime and what earlier configurations "
+           "left. Step: median measured; predicted from the planner with the rate a matmul reached in the same "
+           "run.", "",
            "| config | weights pred / counted | state pred / counted | activations pred / counted | total pred / "
            "counted | error | peak above base (base) | step s pred / measured |",
            "|---|---|---|---|---|---|---|---|"]
     for ln in lines:
         p = ln["pred"]
-        out.append(f"| {ln['config']} (d{ln['data']}) | {p['weights'] / MIB:.1f} / {ln['weights'] / MIB:.1f} | "
-                   f"{p['state'] / MIB:.1f} / {ln['state'] / MIB:.1f} | {p['activations'] / MIB:.1f} / "
-                   f"{ln['activations'] / MIB:.1f} | {p['total'] / MIB:.1f} / {ln['counted'] / MIB:.1f} | "
+        out.append(f"| {ln['config']} (d{ln['data']}) | {p['weights'] / MIB:.2f} / {ln['weights'] / MIB:.2f} | "
+                   f"{p['state'] / MIB:.2f} / {ln['state'] / MIB:.2f} | {p['activations'] / MIB:.2f} / "
+                   f"{ln['activations'] / MIB:.2f} | {p['total'] / MIB:.2f} / {ln['counted'] / MIB:.2f} | "
                    f"{ln['error']:+.0%} | {ln['peak_above'] / MIB:.0f} ({ln['base'] / MIB:.0f}) | "
                    f"{p['step_s']:.3g} / {ln['step_s']:.3g} |")
+    predicted, measured = orders(lines)
     pairs = ordering_agrees(lines)
-    out += ["", f"Step-time order, every pair the planner separates by more than 25%: "
-            f"{sum(ok for *_, ok in pairs)} of {len(pairs)} agree"
+    out += ["", f"Step time, fastest first: predicted {' < '.join(predicted)}; measured {' < '.join(measured)}"
+            f" ({'the same order' if predicted == measured else 'not the same order'}).",
+            f"Every pair the planner separates by more than 25%: {sum(ok for *_, ok in pairs)} of {len(pairs)} agree"
             + ("" if all(ok for *_, ok in pairs) else " (disagree: " + ", ".join(
                 f"{f} < {s}" for f, s, ok in pairs if not ok) + ")") + "."]
     return "\n".join(out) + "\n"
@@ -290,6 +379,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--micro-batches", type=int, default=MICRO_BATCHES, help="pipeline configurations' m")
     ap.add_argument("--render", action="store_true", help="print the section from results/plan.json")
     ap.add_argument("--results", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -299,7 +389,7 @@ def main(argv=None) -> int:
     if not args.render:
         load = os.getloadavg()
         rows = launch(args.np_, args.configs, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                      seq=args.seq, batch=args.batch, steps=args.steps)
+                      seq=args.seq, batch=args.batch, steps=args.steps, micro_batches=args.micro_batches)
         saved = {"rows": rows, "args": vars(args), "command": "python benchmarks/plan_bench.py " + " ".join(argv or sys.argv[1:]),
                  "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "load": f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after"}

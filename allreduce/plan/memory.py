@@ -29,8 +29,21 @@ scores (twice with dropout: the softmax and its dropped copy), plus 1-byte dropo
     full        s b h e / t_sp per layer (its input), and one layer's 'none' bytes, rebuilt in backward
 
 where e is bytes per element and t_sp = t with sequence parallelism, else 1 (fp16 with
-dropout: 34 and 5). Under 1F1B, stage k holds min(p - k, m) micro-batches in flight; the last
-stage also holds the logits in fp32 for the loss, 4 s b v / t (Korthikanti, eq. 3).
+dropout: 34 and 5). Under full recompute the layer being rebuilt holds its 'none' bytes less its
+input, which is already counted. Under 1F1B, stage k holds min(p - k, m) micro-batches in flight;
+the last stage also holds the logits in fp32 for the loss, 4 s b v / t (Korthikanti, eq. 3).
+
+Keras layers on TensorFlow (``kept="keras"``, examples/gpt.py, counted in its traced step by
+benchmarks/plan_bench.py) keep more at the top of the model as well: the final LayerNormalization
+keeps its input, its normalized product and its output (3 s b h e; under full recompute, where
+the final norm and the head are units of their own, only the input of each: 2 s b h e), and the
+vocabulary-parallel loss keeps two fp32 arrays of the logits' size (exp(z - max) and the one-hot
+of the labels): 2 x 4 s b v / t.
+
+ZeRO 3 as FSDP and tfops' ``fully_shard`` run it adds, on top of the 1/d shards, the whole weights
+of the layer running and of the one prefetched (2 layers), and in backward the running layer's
+whole gradients until their reduce-scatter has taken them (1 layer). tfops' stage 3 also
+re-runs every unit in backward (it keeps only each unit's input): plan it with recompute "full".
 """
 from __future__ import annotations
 
@@ -161,6 +174,10 @@ def _stage(model, layout: Layout, precision: Precision, k: int, extra_grad: floa
         w += gathered
         lines.append(f"  + 2 gathered layers (running + prefetched) x {model.layer_params()} / t x "
                      f"{precision.weight} B = {_b(gathered)}")
+        whole_grad = model.layer_params() / layout.tensor * precision.grad
+        g += whole_grad
+        lines.append(f"  + 1 layer's whole gradients before their reduce-scatter x {model.layer_params()} / t x "
+                     f"{precision.grad} B = {_b(whole_grad)}")
     out.weights, out.grads, out.state = w, g, s
     if isinstance(model, Transformer):
         out.activations = _activations(model, layout, precision, k, lines)
@@ -197,14 +214,31 @@ def _activations(model: Transformer, layout: Layout, precision: Precision, k: in
                  f"{_b(per_layer)} a layer")
     lines.append(f"  x {layers} layers x {in_flight} micro-batches in flight = {_b(total)}")
     if layout.recompute == "full":
-        rebuilt = layer_activation_bytes(model, layout, precision, recompute="none")
+        rebuilt = (layer_activation_bytes(model, layout, precision, recompute="none")
+                   - layer_activation_bytes(model, layout, precision, recompute="full"))
         total += rebuilt
-        lines.append(f"  + one layer rebuilt in backward = {_b(rebuilt)}")
+        lines.append(f"  + one layer rebuilt in backward (less its input, counted above) = {_b(rebuilt)}")
     if k == p - 1:
-        logits = 4.0 * s * b * model.vocab / layout.tensor
-        total += logits
-        lines.append(f"  + logits in fp32, 4 s b v / t = {_b(logits)}")
+        total += _top_bytes(model, layout, precision, lines)
     return total
+
+
+def _top_bytes(model: Transformer, layout: Layout, precision: Precision, lines: list[str]) -> float:
+    """The last stage's arrays above the layers: the logits for the loss (and, with Keras layers,
+    the final LayerNormalization's; the module docstring)."""
+    s, b, h, t = model.seq, layout.micro_batch, model.hidden, layout.tensor
+    t_sp = t if layout.sequence_parallel else 1
+    if model.kept == "megatron":
+        logits = 4.0 * s * b * model.vocab / t
+        lines.append(f"  + logits in fp32, 4 s b v / t = {_b(logits)}")
+        return logits
+    n_norm = 2 if layout.recompute == "full" else 3
+    norm = n_norm * s * b * h * precision.activation / t_sp
+    loss = 2 * 4.0 * s * b * model.vocab / t
+    lines.append(f"  + final layernorm, {n_norm} x s b h x {precision.activation} B"
+                 f"{' / t' if t_sp > 1 else ''} = {_b(norm)}")
+    lines.append(f"  + the loss's exp and one-hot in fp32, 2 x 4 s b v / t = {_b(loss)}")
+    return norm + loss
 
 
 def _b(n: float) -> str:

@@ -2,7 +2,8 @@
 
     T = F / (d t p) / R x (1 + (p - 1) / (v m))        compute, stretched by the bubble
       + T_dp                                           the data group's gradient exchange
-      + n_tp x L/p x m x T_allreduce(s b h e, t)       tensor parallelism's per-layer allreduces
+      + m x (n_tp x L/p + 2) x T_allreduce(s b h e, t)  tensor parallelism's allreduces
+      + m x 3 x T_allreduce(4 s b, t)                  ... and the vocabulary-parallel loss's
       + 2 m x T_send(s b h e)                          pipeline sends, forward and back
 
 * F, the step's flops: 3 forward passes' worth (forward, and backward at twice it;
@@ -14,9 +15,14 @@
   1 sends a reduce-scatter and an allgather: the same bytes). Sharded gradients cannot wait
   for the last micro-batch, so stage 2 reduce-scatters every micro-batch ((m + 1) / 2
   allreduces with the allgather) and stage 3 also gathers the weights for every forward and
-  backward (1.5 m).
+  backward (1.5 m). Stage 3 runs its collectives a unit at a time (FSDP, DeepSpeed and tfops'
+  ``fully_shard`` alike): a transformer's stage is L/p layers + 2 units (the embedding, the
+  head), so it pays the latency (L/p + 2) times: 1.5 m x (L/p + 2) x T_allreduce(bytes / units).
 * n_tp: 2 allreduces per layer forward and 2 backward (Megatron's f and g), 2 more under full
-  recompute. Sequence parallelism swaps each for an allgather and a reduce-scatter: the same bytes.
+  recompute; and 2 outside the layers (the vocabulary-parallel embedding's g forward, the head's f
+  backward). The vocabulary-parallel loss adds 3 allreduces of s b numbers (the rows' max, the
+  target's logit, the sum of exponentials). Sequence parallelism swaps each for an allgather and
+  a reduce-scatter: the same bytes.
 
 No overlap is assumed: each term is paid in full, an upper bound on a step.
 
@@ -126,11 +132,14 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
     out, lines = StepTime(bubble=bubble(layout)), []
     grad_bytes = stage_params * precision.grad
     dp_nodes = -(-d // max(1, machine.per_node // t))       # a data group's ranks are t apart
-    ar = allreduce_seconds(grad_bytes, d, machine, nodes=dp_nodes)
+    units = -(-model.layers // p) + 2 if layout.zero == 3 and isinstance(model, Transformer) else 1
+    ar = allreduce_seconds(grad_bytes / units, d, machine, nodes=dp_nodes)
     times, why = _dp_allreduces(layout.zero, m)
-    out.data = ar * times
-    lines.append(f"data: allreduce of {grad_bytes:.4g} B over d {d}{f' on {dp_nodes} nodes' if dp_nodes > 1 else ''} = "
-                 f"{ar * 1e3:.4g} ms, x {times:g} ({why}) = {out.data * 1e3:.4g} ms")
+    out.data = ar * times * units
+    per = f" / {units} units" if units > 1 else ""
+    lines.append(f"data: allreduce of {grad_bytes:.4g} B{per} over d {d}{f' on {dp_nodes} nodes' if dp_nodes > 1 else ''}"
+                 f" = {ar * 1e3:.4g} ms, x {times:g} ({why}){f' x {units} units' if units > 1 else ''}"
+                 f" = {out.data * 1e3:.4g} ms")
     if isinstance(model, Transformer):
         global_batch = d * m * layout.micro_batch
         flops = step_flops(model, layout, global_batch)
@@ -141,11 +150,14 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
         act = model.seq * layout.micro_batch * model.hidden * precision.activation
         n_tp = 6 if layout.recompute == "full" else 4
         layers = -(-model.layers // p)
-        tp_one = allreduce_seconds(act, t, machine, nodes=-(-t // machine.per_node))
-        out.tensor = n_tp * layers * m * tp_one
+        tp_nodes = -(-t // machine.per_node)
+        tp_one = allreduce_seconds(act, t, machine, nodes=tp_nodes)
+        loss_one = allreduce_seconds(4 * model.seq * layout.micro_batch, t, machine, nodes=tp_nodes)
+        out.tensor = m * ((n_tp * layers + 2) * tp_one + 3 * loss_one)
         if t > 1:
-            lines.append(f"tensor: {n_tp} allreduces x {layers} layers x {m} micro-batches x "
-                         f"{tp_one * 1e3:.4g} ms ({act:.4g} B over t {t}) = {out.tensor * 1e3:.4g} ms")
+            lines.append(f"tensor: {m} micro-batches x ((({n_tp} allreduces x {layers} layers + 2) x "
+                         f"{tp_one * 1e3:.4g} ms ({act:.4g} B over t {t}) + 3 x {loss_one * 1e3:.4g} ms "
+                         f"(the loss's)) = {out.tensor * 1e3:.4g} ms")
         if p > 1:
             one = send_seconds(act, machine, spans_nodes=t * d >= machine.per_node)
             out.pipeline = 2 * m * one
