@@ -1,7 +1,7 @@
 """allreduce-plan (allreduce/plan/): the arithmetic against the papers' own numbers.
 
 Pure and fast: no TensorFlow, no MPI. The prediction-vs-measured check of the project's own runs
-is tests/mpi/plan_check.py (test_plan_predicts_a_real_run below).
+is tests/test_plan_run.py.
 """
 from __future__ import annotations
 
@@ -162,3 +162,27 @@ def test_explain_and_bad_input(capsys):
     with pytest.raises(SystemExit):
         main(["--params", "1e9", "--devices", "2", "--memory", "lots"])
     assert parse_size("32GiB") == 32 * GIB and parse_size("80GB") == 80e9 and math.isinf(float("inf"))
+
+
+def test_keras_top_of_model_and_tfops_stage_3():
+    """The terms examples/gpt.py's counted runs showed (BENCHMARKS.md, plan_bench): with Keras layers
+    the final LayerNorm keeps 3 s b h and the loss 2 fp32 arrays of the logits; tfops' stage 3 is ZeRO 3
+    with full recompute: each layer's input, one layer rebuilt less its input, the final norm's and
+    head's inputs; plus two gathered layers' weights and one layer's whole gradients."""
+    L, h, a, s, v, b, d = 2, 128, 4, 64, 128, 4, 4
+    model = Transformer(L, h, a, s, v, dropout=False, tied=False, kept="keras")
+    sbh = s * b * h * 4
+    per_layer = 26 * sbh + a * s * s * b * 4
+    top = 2 * 4 * s * b * v
+    plain = memory(model, Layout(data=d, micro_batch=b), FP32)
+    assert plain.activations == pytest.approx(L * per_layer + 3 * sbh + top)
+    z3 = memory(model, Layout(data=d, zero=3, recompute="full", micro_batch=b), FP32)
+    assert z3.activations == pytest.approx(L * sbh + (per_layer - sbh) + 2 * sbh + top)
+    P, U = model.params, model.layer_params()
+    assert z3.weights == pytest.approx(4 * P / d + 2 * 4 * U)
+    assert z3.grads == pytest.approx(4 * P / d + 4 * U)
+    # its collectives run a unit at a time: the latency is paid per unit (L + 2), the bytes once
+    lay = Layout(data=d, zero=3, recompute="full", micro_batch=b)
+    link = Machine(flops=1e9, intra=network.Link(1e-3, 0.0))
+    st = step_time(model, lay, FP32, link, stage_params=P)
+    assert st.data == pytest.approx(1.5 * (L + 2) * select.terms("ring", d)[0] * 1e-3)
