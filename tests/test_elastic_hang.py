@@ -206,6 +206,8 @@ def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text(tmp_path):
         {2: 90.0, 3: 99.0, 4: 90.0}
     try:
         partition._book, partition._heard = book, heard
+        assert partition._silent_hosts(100.0, 4.0) == set()              # never heard: not judged
+        partition._ever.update({2, 3, 4})
         assert partition._silent_hosts(100.0, 4.0) == {"c"}            # b's rank 3 still beats
         heard[3] = 95.0
         assert partition._silent_hosts(100.0, 4.0) == {"b", "c"}
@@ -214,6 +216,7 @@ def test_eviction_lines_the_launcher_and_the_stray_open_mpi_text(tmp_path):
     finally:
         partition._book, partition._heard = {}, {}
         partition._done.clear()
+        partition._ever.clear()
     # an mpirun still running past the launcher's deadline (after a cut, after the watchdog's abort) is ended
     import time
 

@@ -29,6 +29,10 @@ waiting for MPI; when the link comes back, nothing of it is left to rejoin.
 
 Host, not rank: a host counts as cut only when every rank of it is silent; one
 silent rank on a host with live peers is that host's heartbeat table's to evict.
+And only a host heard from before: if its datagrams never came (UDP blocked, a
+name that resolves to loopback here, which is then not watched at all), each
+rank says so once and leaves a cut to the waits' timeouts, rather than split
+every job at the bound.
 The survivors agree without a message: every datagram of a cut host stops at
 once, so every rank of the other side finds the same hosts silent, within a
 beat of each other (recovery.py waits for its own verdict when a host is
@@ -67,6 +71,8 @@ _book: dict[int, tuple[str, tuple[str, int]]] = {}    # name -> (host, (address,
 _book_of = None                                        # the Liveness object the book was built from
 _heard: dict[int, float] = {}                          # name -> when a datagram of it came last
 _done: set[int] = set()                                # names that said they finished
+_ever: set[int] = set()                                # names heard at least once (their beats get here)
+_warned: set[str] = set()                              # hosts said to be unheard since the start
 _cut: dict[int, str] = {}                              # name -> host, declared unreachable
 _state = LIVE
 _seq = 0
@@ -94,9 +100,12 @@ def _refresh(now: float) -> None:
     for name, (host, _pid, _start), port in zip(names, alive.peers, alive.beat_ports):
         if host != me:
             try:
-                book[name] = (host, (socket.gethostbyname(host), port))
+                address = socket.gethostbyname(host)
             except OSError:
                 continue                           # a host name this node cannot resolve: not watched
+            if address.startswith("127."):
+                continue                           # /etc/hosts maps it to loopback here: not watched
+            book[name] = (host, (address, port))
             _heard.setdefault(name, now)           # heard "now": the bound counts from here
     _book, _book_of = book, alive
 
@@ -126,6 +135,7 @@ def _receive(now: float) -> None:
         if job != _job:
             continue
         _heard[name] = now
+        _ever.add(name)
         if state == DONE:
             _done.add(name)
 
@@ -140,6 +150,7 @@ def look(now: float, bound: float, *, judge: bool, report) -> None:
     _receive(now)
     if not judge or not bound > 0 or _state == DONE:
         return
+    _say_unheard(now, bound)
     silent = _silent_hosts(now, bound)
     if not silent:
         return
@@ -166,6 +177,18 @@ def look(now: float, bound: float, *, judge: bool, report) -> None:
     os._exit(PARTITION_EXIT)
 
 
+def _say_unheard(now: float, bound: float) -> None:
+    """Say once per host when none of its beats came within the bound: a cut link to it will be
+    found only by the waits' timeouts (``ALLREDUCE_TIMEOUT``)."""
+    for host in {h for h, _ in _book.values()} - _warned:
+        names = [n for n, (h, _) in _book.items() if h == host]
+        if not any(n in _ever for n in names) and min(now - _heard.get(n, now) for n in names) >= bound:
+            _warned.add(host)
+            os.write(2, (f"{MARK} {world.who()}: no heartbeat datagram came from host {host} in {bound:g} s "
+                         "(UDP between the hosts blocked?); a cut link to it is found only by the waits' "
+                         "timeouts (ALLREDUCE_TIMEOUT)\n").encode())
+
+
 def goes_on(side: int, size: int, *, with_rank_0: bool) -> bool:
     """The majority rule: whether a side that holds ``side`` of the world's ``size`` ranks goes on."""
     return 2 * side > size or (2 * side == size and with_rank_0)
@@ -176,10 +199,12 @@ def _last(host: str) -> float:
 
 
 def _silent_hosts(now: float, bound: float) -> set[str]:
-    """Hosts of the world none of whose ranks (that did not finish) was heard for ``bound``."""
+    """Hosts of the world none of whose ranks (that did not finish) was heard for ``bound``. Only
+    ranks heard at least once count: a host whose beats never came (UDP blocked between hosts, an
+    address that does not reach it) is not judged, or every job there would split at the bound."""
     hosts: dict[str, bool] = {}
     for name, (host, _) in _book.items():
-        if name in _done:
+        if name in _done or name not in _ever:
             continue
         quiet = now - _heard.get(name, now) >= bound
         hosts[host] = hosts.get(host, True) and quiet
