@@ -160,7 +160,14 @@ def build(cfg: Config, mesh=None, plain: bool = False, seed: int = 0) -> GPT:
 
 
 def train_step_fn(model: GPT, optimizer, mesh, data_set=None):
-    """One tf.function step: forward, the loss, gradients averaged over the data axis, Adam."""
+    """One tf.function step: forward, the loss, gradients averaged over the data axis, Adam.
+
+    Every gradient is dense, the embeddings' too (``sparse_as_dense``). Keras 3's Adam squares an
+    ``IndexedSlices`` gradient row by row, before rows with the same index are summed: a gradient
+    allgathered over the data axis repeats each position embedding row once per data rank, so its
+    second moment came out as the sum of the squared halves instead of the square of the sum, and
+    tensor 2 x data 2 departed from the single process at step 1 (2e-4..2e-3 relative). Dense, the
+    update no longer depends on how the batch is split."""
     sp = model.cfg.sequence_parallel and not model.plain
     sp_weights = model.sequence_parallel_weights() if sp else []
 
@@ -169,9 +176,10 @@ def train_step_fn(model: GPT, optimizer, mesh, data_set=None):
         with tf.GradientTape() as tape:
             loss = model.loss_of(model(x), y)
         if data_set is not None:
-            tape = tfops.DistributedGradientTape(tape, process_set=data_set)
+            tape = tfops.DistributedGradientTape(tape, process_set=data_set, sparse_as_dense=True)
         variables = model.trainable_variables
-        grads = tape.gradient(loss, variables)
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in tape.gradient(loss, variables)]
         grads = parallel.allreduce_sequence_parallel_gradients(grads, variables, sp_weights, model.mesh)
         optimizer.apply_gradients(zip(grads, variables))
         return loss
