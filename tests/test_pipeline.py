@@ -1,9 +1,11 @@
-"""tfops.parallel.Pipeline (issue 43) under mpirun: ONE launch at -np 2 and ONE at -np 4.
+"""tfops.parallel.Pipeline (issue 43) under mpirun: ONE launch each at -np 2, 4 and 8.
 
-tests/mpi/pipeline_check.py (its docstring lists the checks) compares every schedule x m x
-optimizer with the one-process model trained on the full batch in the same launch, checks the
+tests/mpi/pipeline_check.py (its docstring lists the checks) compares every schedule, at every m,
+with each optimizer, with the one-process model trained on the full batch in the same launch, checks the
 MismatchError of bad shapes/dtypes/batches on every rank, model.fit and the timeline's spans.
-The schedules themselves are tested without TensorFlow in test_pipeline_schedules.py.
+The -np 8 launch is the 3D check: tests/mpi/pipeline_gpt_check.py --lean trains examples/gpt.py's
+GPT on Mesh(tensor=2, pipeline=2) with data 2 (1f1b, 3 Adam steps) against the plain one-process
+GPT. The schedules themselves are tested without TensorFlow in test_pipeline_schedules.py.
 """
 import pytest
 
@@ -21,3 +23,11 @@ def test_pipeline_equals_one_process(np_, tmp_path):
     text = mpirun(np_, "pipeline_check.py", str(tmp_path), timeout=TIMEOUT, env=TF_ENV).stdout
     for r in range(np_):
         assert f"rank {r}: pipeline_check OK" in text, text[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_pipeline_3d_gpt_equals_one_process():
+    text = mpirun(8, "pipeline_gpt_check.py", "2", "2", "--lean", timeout=TIMEOUT, env=TF_ENV).stdout
+    for r in range(8):
+        assert f"rank {r}: pipeline_gpt_check OK" in text, text[-3000:]

@@ -1,12 +1,18 @@
 """Rank script: examples/gpt.py's --pipeline on a 3D mesh (issue 43), against one process.
 
 ``mpirun -np 8 python pipeline_gpt_check.py`` (tensor 2 x data 2 x pipeline 2; -np 4 gives
-tensor 2 x pipeline 2: ``pipeline_gpt_check.py 2 2``; -np 2 ``1 2``). Run by hand, not in the suite
-(eight, or four, TF ranks training two GPTs each cost minutes on the 2-core machine). Every rank builds the split GPT (2 blocks, hidden 32) from one seed and the plain-Keras
-GPT with the same full weights; the pipeline (1f1b, then interleaved with one block a chunk, m = 4) trains 10 Adam steps of the global batch of 16, each data rank on its half,
-while every rank trains the plain model on the whole batch, its gradient made dense as the pipeline's is
-(Keras' Adam steps differently on the embeddings' IndexedSlices: Pipeline._accumulate says why). The loss of every step and every
-weight of this rank's stage, gathered over the tensor group, match within 1e-5.
+tensor 2 x pipeline 2: ``pipeline_gpt_check.py 2 2``; -np 2 ``1 2``). Every rank builds the split
+GPT from one seed and the plain-Keras GPT with the same full weights. The pipeline (m = 4) trains
+Adam steps of the global batch of 16, each data rank on its half, while every rank trains the
+plain model on the whole batch, its gradient made dense as the pipeline's is (Keras' Adam steps
+differently on the embeddings' IndexedSlices: Pipeline._accumulate says why). The loss of every
+step and every weight of this rank's stage, gathered over the tensor group, match within 1e-5.
+
+FULL (by hand; eight TF ranks training two GPTs each cost minutes on the 2-core machine): 1f1b
+(2 blocks), then interleaved (4 blocks, one a chunk, 2 chunks a rank), hidden 32, seq 16, 10 steps.
+LEAN (``--lean``, run by tests/test_pipeline.py at -np 8): 1f1b, 2 blocks, hidden 16, 2 heads,
+seq 8, 3 steps: the three axes together, in one launch; the schedules alone are checked by
+pipeline_check.py.
 Prints "rank R: pipeline_gpt_check OK".
 """
 import os
@@ -26,24 +32,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import gpt  # noqa: E402
 from gpt_pipeline import pipeline_of  # noqa: E402
 
-STEPS, BATCH, TOL = 10, 16, 1e-5
+BATCH, TOL = 16, 1e-5
+FULL = dict(steps=10, hidden=32, heads=4, seq=16, schedules=("1f1b", "interleaved"))
+LEAN = dict(steps=3, hidden=16, heads=2, seq=8, schedules=("1f1b",))
 
 
 def gathered(layer):
     return layer.get_full_weights() if hasattr(layer, "get_full_weights") else layer.get_weights()
 
 
-def check(mesh, schedule):
+def check(mesh, schedule, *, steps, hidden, heads, seq):
     ids, vocab = gpt.text_and_vocab()
     layers = 4 if schedule == "interleaved" else 2        # interleaved: one block a chunk, 2 chunks a rank
-    cfg = gpt.Config(layers=layers, hidden=32, heads=4, seq=16, vocab=vocab)
+    cfg = gpt.Config(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
     model = gpt.build(cfg, mesh, seed=3)
     plain = gpt.build(cfg, plain=True, seed=3)
     gpt.load_full_weights(plain, gpt.full_weights(model))
     pipe = pipeline_of(model, mesh, micro_batches=4, schedule=schedule)
     opt, ref_opt = keras.optimizers.Adam(3e-3), keras.optimizers.Adam(3e-3)
     rows = BATCH // mesh.data
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = gpt.batch(ids, step, BATCH, cfg.seq)
         mine = slice(mesh.data_rank * rows, (mesh.data_rank + 1) * rows)
         loss = float(pipe.train_step(x[mine], y[mine], opt))
@@ -59,17 +67,17 @@ def check(mesh, schedule):
             for a, b in zip(gathered(layer), plain_layers[j].get_weights()):
                 worst = max(worst, float(np.abs(a - b).max()))
     assert worst <= TOL, f"{schedule}: stage weights differ from one process by {worst}"
-    print(f"rank {tfops.rank()}: gpt {schedule} on {mesh}: 10 steps equal one process "
+    print(f"rank {tfops.rank()}: gpt {schedule} on {mesh}: {steps} steps equal one process "
           f"(weights within {worst:.1e})", flush=True)
 
 
-def run(mesh) -> None:
-    for schedule in ("1f1b", "interleaved"):
-        check(mesh, schedule)
+def run(mesh, *, steps, hidden, heads, seq, schedules) -> None:
+    for schedule in schedules:
+        check(mesh, schedule, steps=steps, hidden=hidden, heads=heads, seq=seq)
 
 
 if __name__ == "__main__":
-    tfops.init()                                      # argv: TENSOR PIPELINE (default 2 2)
-    sizes = [int(a) for a in sys.argv[1:3]] or [2, 2]
-    run(parallel.Mesh(tensor=sizes[0], pipeline=sizes[1]))
+    tfops.init()                                      # argv: TENSOR PIPELINE (default 2 2) [--lean]
+    sizes = [int(a) for a in sys.argv[1:3] if a.isdigit()] or [2, 2]
+    run(parallel.Mesh(tensor=sizes[0], pipeline=sizes[1]), **(LEAN if "--lean" in sys.argv else FULL))
     print(f"rank {tfops.rank()}: pipeline_gpt_check OK", flush=True)

@@ -69,12 +69,19 @@ class Pipeline:
         schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (needs p >= 2, m a multiple of p).
         loss: ``loss(y_true, y_pred)`` or a Keras loss name (``"mse"``), averaged over its
             elements; every rank passes the same one, the last stage uses it.
+        compiled: run each chunk's forward as a ``tf.function`` (traced once per micro-batch
+            shape; the tape records it as one op, so its backward is compiled too). Eager,
+            a GPT stage of 4 blocks spent most of its step dispatching ops one by one
+            (benchmarks/pipeline_cluster_bench.py); ``False`` runs it eagerly, for debugging.
     """
 
-    def __init__(self, stage, mesh, micro_batches: int, schedule: str = "1f1b", loss=None):
+    def __init__(self, stage, mesh, micro_batches: int, schedule: str = "1f1b", loss=None, *,
+                 compiled: bool = True):
         self.chunks = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         self.mesh, self.m, self.schedule = mesh, micro_batches, schedule
         self.p, self.rank, self.v = mesh.pipeline, mesh.pipeline_rank, len(self.chunks)
+        self._forward = [tf.function(self._compiled_call(ch, watch=self._k(c) > 0), reduce_retracing=True)
+                         if compiled else self._eager_call(ch) for c, ch in enumerate(self.chunks)]
         check_arguments(schedule, self.p, micro_batches, self.v)
         if isinstance(loss, str):
             import keras
@@ -124,7 +131,7 @@ class Pipeline:
                 with tf.GradientTape() as tape:
                     if k > 0:
                         tape.watch(inp)
-                    out = self.chunks[c](inp, training=True)
+                    out = self._forward[c](inp)
                     if k == self.last:
                         out = tf.reduce_mean(tf.cast(self.loss(ys[i], out), tf.float32)) / self.m
                 if k == self.last:
@@ -161,6 +168,26 @@ class Pipeline:
         return self._mean_loss(total)
 
     # -- helpers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _eager_call(chunk):
+        return lambda inp: chunk(inp, training=True)
+
+    @staticmethod
+    def _compiled_call(chunk, watch: bool):
+        """The chunk's forward for a ``tf.function``. ``watch``: the input needs a gradient (not the
+        first stage's), and is watched inside the trace too: the caller's tape is outside the
+        function, where a layer that recomputes (``keras.remat``, ``RematScope``:
+        :mod:`tfops.training.remat`) cannot see it, and such a layer passes a gradient only to the
+        arguments a tape records (without this, a recomputed first layer gave the input no gradient).
+        The inner tape records while tracing only; the function holds no op of its own for it."""
+        def forward(inp):
+            if not watch:
+                return chunk(inp, training=True)
+            with tf.GradientTape() as inside:
+                inside.watch(inp)
+                return chunk(inp, training=True)
+        return forward
+
     def _post_ahead(self, j: int, specs: dict, posted: dict) -> None:
         """Post the receives among actions ``j .. j + AHEAD - 1`` not posted yet, so that each
         arrives while this rank computes (the progress thread moves it); at most a few boundary
