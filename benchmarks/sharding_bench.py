@@ -61,8 +61,9 @@ TITLE = "## Sharding: optimizer state, peak memory and step time (issue 33)"
 BIG = (2048, 4096, 4096, 4096, 2048)          # 50.3 M parameters
 SMALL = (1024, 1536, 1536, 1024)              # 5.5 M parameters
 DEEP = (2048,) * 37                           # 151.1 M parameters: 36 layers of 2048 x 2048
+DEEP24 = (2048,) * 25                         # 100.7 M parameters: the largest unsharded -np 4 run this shared VM holds
 USER = (4096, 4096, 10)                       # 16.8 M parameters: issue 44's "4096 x 4096 plus a head"
-MODELS = {"big": BIG, "small": SMALL, "deep": DEEP, "user": USER}
+MODELS = {"big": BIG, "small": SMALL, "deep": DEEP, "deep24": DEEP24, "user": USER}
 
 
 def _rss_mib() -> float:

@@ -1,30 +1,33 @@
 """Rank script: ZeRO stage 3 (``tfops.fully_shard`` + ``ShardedOptimizer(stage=3)``, issue 44) against
 DistributedOptimizer, at any world size.
 
-``mpirun -np P python stage3_check.py DIR [LOAD_FROM]``, run by tests/test_stage3.py at P = 2, 3, 4,
-each run loading the files the previous one wrote (another rank count). Each rank trains on its
+``mpirun -np P python stage3_check.py DIR [LOAD_FROM]``, run by tests/test_stage3.py at P = 3 then 4,
+the second loading the files the first wrote (another rank count); it passes at -np 2 as well. Each rank trains on its
 own seeded batches. Checks:
 
-1. Equal: Adam in a tf.function and SGD with Nesterov momentum eagerly, 12 steps of a
+1. Equal: Adam in a tf.function and SGD with Nesterov momentum eagerly, 4 steps of a
    three-layer MLP (74 parameters, which 3 and 4 do not divide): the gathered weights
    equal DistributedOptimizer's within 1e-5 and are bitwise identical across ranks; the
-   gathered Adam slots equal the unsharded Adam's.
+   gathered Adam slots equal the unsharded Adam's. Adam again with every layer built under
+   ``keras.RematScope(mode="full")`` (recompute on): equal too, and bitwise across ranks.
 2. Memory, counted: every weight, gradient and slot this rank holds is its piece: the pieces
    sum to floor(N/p) or ceil(N/p) elements on every rank and to N over the ranks; each
    gradient has its piece's shape; Adam's two slots are pieces too. After a step every unit's
    status is NOT_AVAILABLE; the timeline shows each unit gathered forward and backward, and
    the next unit's forward gather handed over before the current unit's compute began.
-3. model.fit (Adam) equals DistributedOptimizer's model.fit; then model.save writes DIR/model.keras
+3. model.fit (Adam, 6 steps) equals DistributedOptimizer's model.fit; then model.save writes DIR/model.keras
    (whole weights and whole Adam state: every rank calls save; rank 0's path is the real one)
    and DIR/state.npz (what it must hold, gathered by hand).
-   A model with BatchNormalization and Dropout (seeded) trains as DistributedOptimizer's: the
-   recompute in backward uses the forward's dropout mask and statistics.
 4. With LOAD_FROM: its model.keras loads into a fully sharded model here (re-cut for this rank
    count) and into a plain model + plain Adam; both hold LOAD_FROM/state.npz.
+At -np 2 and 3 (-np 4, the slowest launch on 2 cores, skips these two):
+3b. A model with BatchNormalization and Dropout (seeded) trains as DistributedOptimizer's: the
+   recompute in backward uses the forward's dropout mask and statistics.
 5. Bad input, on every rank: a different model on the last rank (MismatchError), wrapping twice
    (ValueError), Adafactor (TypeError), a model that was not fully sharded (ValueError),
-   DistributedGradientTape's gradients (ValueError; MismatchError from the tape itself where
-   the ranks' pieces differ in size).
+   DistributedGradientTape's gradients: MismatchError from the tape itself where a weight's
+   pieces differ in size across the ranks, ValueError from ShardedOptimizer where every weight
+   divides by p (both, at -np 2 and 3).
    Ranks that initialised the model apart get rank 0's weights (``sync_weights``); a Sequential
    built layer by layer inside ``fully_shard(input_shape=)`` holds the weights a built one does.
 6. At -np 4, over ``Mesh(tensor=2).data_set``: each data group of 2 ranks shards over itself, equals
@@ -33,6 +36,7 @@ Prints "rank R: stage3_check OK" at the end.
 """
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
@@ -52,6 +56,11 @@ p, me = hvd.size(), hvd.rank()
 OUT = sys.argv[1]
 LOAD_FROM = sys.argv[2] if len(sys.argv) > 2 else None
 K = keras.optimizers
+T0 = time.perf_counter()
+
+
+def took() -> str:
+    return f"({time.perf_counter() - T0:.0f} s)"
 
 
 def model(widths=(5, 4, 3), seed=3):
@@ -65,7 +74,7 @@ def batches(n, seed):
     return [(rng.standard_normal((4, 6)).astype("f4"), rng.standard_normal((4, 3)).astype("f4")) for _ in range(n)]
 
 
-def train(opt, m, graph, steps=12):
+def train(opt, m, graph, steps=4):
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((m(x, training=True) - y) ** 2)
@@ -135,18 +144,28 @@ for name, make, graph in [("Adam", lambda: K.Adam(0.02), True),
         g = next(e for e in last if e["what"] == "gather" and e["unit"] == u.index and e["phase"] == "forward")
         assert g["queued"] < fwd[u.index - 1]["start"], f"rank {me}: {u.name}'s gather was not prefetched: {last}"
     print(f"rank {me}: {name} {'tf.function' if graph else 'eager'}: max |stage 3 - DistributedOptimizer| = "
-          f"{np.abs(got - want).max():.2e}; this rank holds {sum(pieces)} of {N} elements", flush=True)
+          f"{np.abs(got - want).max():.2e}; this rank holds {sum(pieces)} of {N} elements {took()}", flush=True)
+    if name == "Adam":                                     # the same with every layer recomputed (keras.RematScope)
+        with keras.RematScope(mode="full"):
+            m = fully_shard(model())
+        train(FullyShardedOptimizer(make()), m, graph)
+        remat = flat(gathered_weights(m))
+        np.testing.assert_allclose(remat, want, rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: Adam, RematScope")
+        same_everywhere(remat, "Adam, RematScope")
+        print(f"rank {me}: Adam tf.function, RematScope(mode='full'): max |stage 3 - DistributedOptimizer| = "
+              f"{np.abs(remat - want).max():.2e}, |recompute - without| = {np.abs(remat - got).max():.2e} {took()}",
+              flush=True)
 
 # 3. model.fit, then a whole checkpoint ----------------------------------------------------
 x = np.concatenate([b[0] for b in batches(6, 7)])
 y = np.concatenate([b[1] for b in batches(6, 7)])
 ref = model()
 ref.compile(optimizer=hvd.DistributedOptimizer(K.Adam(0.01)), loss="mse", jit_compile=False)
-ref.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+ref.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
 m = fully_shard(model())
 opt = FullyShardedOptimizer(K.Adam(0.01))
 m.compile(optimizer=opt, loss="mse", jit_compile=False)
-m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
 got = flat(gathered_weights(m))
 np.testing.assert_allclose(got, flat(ref.get_weights()), rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: model.fit")
 same_everywhere(got, "model.fit")
@@ -157,25 +176,7 @@ store, whole = {}, gathered_weights(m)                 # collectives: every rank
 opt.save_own_variables(store)
 if me == 0:
     np.savez(os.path.join(OUT, "state.npz"), *whole, *[store[str(i)] for i in range(len(store))])
-print(f"rank {me}: model.fit equals DistributedOptimizer's; model.save at -np {p}", flush=True)
-
-# 3b. layers with state: BatchNormalization's statistics and a Dropout mask that backward's recompute must repeat
-def stateful():
-    keras.utils.set_random_seed(2)
-    # no bias before BatchNormalization: its gradient is zero up to rounding, which Adam would amplify to
-    # +-lr steps that differ with the summation order (seen at -np 3, 1.4e-4 on values of 1e-3)
-    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, use_bias=False), keras.layers.BatchNormalization(),
-                             keras.layers.Dropout(0.5, seed=1), keras.layers.Dense(3)])
-
-
-results = []
-for m in (stateful(), fully_shard(stateful())):
-    opt = FullyShardedOptimizer(K.Adam(0.01)) if state_of(m) else hvd.DistributedOptimizer(K.Adam(0.01))
-    m.compile(optimizer=opt, loss="mse", jit_compile=False)
-    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
-    results.append(flat(gathered_weights(m)))          # whole weights, then this rank's BatchNorm statistics
-np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: BatchNorm + Dropout")
-print(f"rank {me}: BatchNormalization + Dropout: model.fit equals DistributedOptimizer's", flush=True)
+print(f"rank {me}: model.fit equals DistributedOptimizer's; model.save at -np {p} {took()}", flush=True)
 
 # 4. the files of another rank count --------------------------------------------------------
 if LOAD_FROM:
@@ -196,41 +197,65 @@ if LOAD_FROM:
         assert len(got) == len(want), f"rank {me}: {kind}: {len(got)} arrays, saved {len(want)}"
         for k, (a, b) in enumerate(zip(got, want)):
             np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"rank {me}: {kind}: array {k}")
-    print(f"rank {me}: loaded the files of another rank count (fully sharded and plain)", flush=True)
+    print(f"rank {me}: loaded the files of another rank count (fully sharded and plain) {took()}", flush=True)
 
-# 5. bad input, on every rank --------------------------------------------------------------
-msg = raises_everywhere(MismatchError, lambda: fully_shard(model((5, 4, 3) if me < p - 1 else (4, 5, 3))),
-                        "a different model")
-assert f"rank {p - 1}" in msg, msg
-twice = fully_shard(model())
-msg = raises_everywhere(ValueError, lambda: fully_shard(twice), "wrapping twice")
-assert "already fully sharded" in msg, msg
-msg = raises_everywhere(TypeError, lambda: FullyShardedOptimizer(K.Adafactor()), "Adafactor")
-assert "Adafactor" in msg, msg
-plain = model()
-msg = raises_everywhere(ValueError, lambda: FullyShardedOptimizer(K.Adam()).build(plain.trainable_variables),
-                        "a plain model")
-assert "fully_shard" in msg, msg
+# 3b and 5, at -np 2 and 3 (-np 4, the slowest launch on 2 cores, skips them): layers with state, then bad input
+if p < 4:
+    # 3b. BatchNormalization's statistics and a Dropout mask that backward's recompute must repeat
+    def stateful():
+        keras.utils.set_random_seed(2)
+        # no bias before BatchNormalization: its gradient is zero up to rounding, which Adam would amplify to
+        # +-lr steps that differ with the summation order (seen at -np 3, 1.4e-4 on values of 1e-3)
+        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, use_bias=False),
+                                 keras.layers.BatchNormalization(), keras.layers.Dropout(0.5, seed=1),
+                                 keras.layers.Dense(3)])
 
+    results = []
+    for m in (stateful(), fully_shard(stateful())):
+        opt = FullyShardedOptimizer(K.Adam(0.01)) if state_of(m) else hvd.DistributedOptimizer(K.Adam(0.01))
+        m.compile(optimizer=opt, loss="mse", jit_compile=False)
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        results.append(flat(gathered_weights(m)))          # whole weights, then this rank's BatchNorm statistics
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: BatchNorm + Dropout")
+    print(f"rank {me}: BatchNormalization + Dropout: model.fit equals DistributedOptimizer's {took()}", flush=True)
 
-def tape_step():
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(twice(np.ones((2, 6), "f4")))
-    tape = hvd.DistributedGradientTape(tape)
-    grads = tape.gradient(loss, twice.trainable_variables)
-    FullyShardedOptimizer(K.Adam()).apply(grads, twice.trainable_variables)
+    # 5. bad input, on every rank
+    msg = raises_everywhere(MismatchError, lambda: fully_shard(model((5, 4, 3) if me < p - 1 else (4, 5, 3))),
+                            "a different model")
+    assert f"rank {p - 1}" in msg, msg
+    twice = fully_shard(model())
+    msg = raises_everywhere(ValueError, lambda: fully_shard(twice), "wrapping twice")
+    assert "already fully sharded" in msg, msg
+    msg = raises_everywhere(TypeError, lambda: FullyShardedOptimizer(K.Adafactor()), "Adafactor")
+    assert "Adafactor" in msg, msg
+    plain = model()
+    msg = raises_everywhere(ValueError, lambda: FullyShardedOptimizer(K.Adam()).build(plain.trainable_variables),
+                            "a plain model")
+    assert "fully_shard" in msg, msg
 
+    def tape_step(m):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(m(np.ones((2, 6), "f4")))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, m.trainable_variables)
+        FullyShardedOptimizer(K.Adam()).apply(grads, m.trainable_variables)
 
-# pieces of different sizes fail in the tape's own allreduce (shapes differ), equal ones in ShardedOptimizer
-msg = raises_everywhere((ValueError, MismatchError), tape_step, "DistributedGradientTape")
-assert "DistributedGradientTape" in msg or "differs across ranks" in msg, msg
-print(f"rank {me}: bad input raises on every rank", flush=True)
-keras.utils.set_random_seed(3)                          # a Sequential built layer by layer, cut as it goes
-lazy = fully_shard(keras.Sequential([keras.layers.Dense(w, activation=a) for w, a in ((5, "tanh"), (4, "tanh"), (3, None))]),
-                   input_shape=(None, 6))
-np.testing.assert_array_equal(flat(gathered_weights(lazy)), flat(model().get_weights()), err_msg=f"rank {me}: lazy")
-apart = fully_shard(model(seed=3 + me))                 # initialised apart: the pieces are cut from rank 0's
-np.testing.assert_array_equal(flat(gathered_weights(apart)), flat(model().get_weights()), err_msg=f"rank {me}: sync")
+    # DistributedGradientTape's gradients: a weight whose pieces differ in size across the ranks fails in
+    # the tape's own allreduce; where every weight divides by p (widths 6: 2 and 3 divide every size),
+    # ShardedOptimizer refuses them
+    for widths in ((5, 4, 3), (6, 6, 6)):
+        m = twice if widths == (5, 4, 3) else fully_shard(model(widths))
+        even = all(int(np.prod(v.shape)) % p == 0 for v in model(widths).trainable_variables)
+        msg = raises_everywhere((ValueError, MismatchError), lambda: tape_step(m), f"DistributedGradientTape {widths}")
+        want = "DistributedGradientTape" if even else "differs across ranks"
+        assert want in msg, f"rank {me}: widths {widths} at -np {p}: wanted {want!r} in: {msg}"
+    print(f"rank {me}: bad input raises on every rank {took()}", flush=True)
+    keras.utils.set_random_seed(3)                          # a Sequential built layer by layer, cut as it goes
+    lazy = fully_shard(keras.Sequential([keras.layers.Dense(w, activation=a)
+                                         for w, a in ((5, "tanh"), (4, "tanh"), (3, None))]), input_shape=(None, 6))
+    np.testing.assert_array_equal(flat(gathered_weights(lazy)), flat(model().get_weights()), err_msg=f"rank {me}: lazy")
+    apart = fully_shard(model(seed=3 + me))                 # initialised apart: the pieces are cut from rank 0's
+    np.testing.assert_array_equal(flat(gathered_weights(apart)), flat(model().get_weights()), err_msg=f"rank {me}: sync")
 
 # 6. over a mesh's data axis (-np 4: tensor 2 x data 2; each data group of 2 is its own world) ----
 if p == 4:
@@ -248,5 +273,5 @@ if p == 4:
     assert everyone[partner] == everyone[me] and everyone[other] != everyone[me], f"rank {me}: data groups"
     assert sum(int(np.prod(v.shape)) for v in m.trainable_variables) in (N // 2, N - N // 2)
     print(f"rank {me}: fully_shard over mesh.data_set (data rank {mesh.data_rank}): equal to DistributedOptimizer "
-          "over the set, 1/2 of the weights", flush=True)
+          f"over the set, 1/2 of the weights {took()}", flush=True)
 print(f"rank {me}: stage3_check OK", flush=True)

@@ -16,8 +16,9 @@ One step, for each dtype's flat space (:mod:`.layout`)::
 Steps: (1) copy this rank's slice of the model's weights into the segment variables (so a
 broadcast, ``load_weights`` or elastic restore of the model is always seen); (2) reduce-scatter
 each bucket (Average); (3) clip; (4) the inner optimizer's ``apply`` on the segments; (5) allgather
-each bucket's updated parts and assign the model's variables. Every rank ends with the same bits: each element is computed by
-one rank only.
+each bucket's updated parts and assign the model's variables (a variable of a bucket of
+its own emptied first, so its old and new values never coexist: :mod:`.gather`). Every rank
+ends with the same bits: each element is computed by one rank only.
 
 Memory per rank, float32, Adam (K = 8 bytes of slots per parameter), N parameters, p ranks; the
 inner optimizer's own copy of this rank's slice of the weights is the 4N/p term:
@@ -54,7 +55,8 @@ from ..training.mixed_precision import outside_loss_scale
 from ..training.wrapping import WrappingOptimizer
 from .checks import check_inner as _check_inner, from_tape as _from_tape
 from . import exchange
-from .exchange import ReduceScatters, allgather_bucket, check_same_model
+from .exchange import ReduceScatters, check_same_model
+from .gather import gather_into_model
 from . import elastic
 from .lamb import SegmentLamb
 from .layout import shards
@@ -72,11 +74,6 @@ variable larger than this is a bucket of its own; the ring sends it in 256 KiB m
 def _listed(outputs) -> list:
     """``tf.numpy_function``'s outputs as a list (with one output, TF returns it bare)."""
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-
-
-def _release() -> np.int32:
-    """A py_func call: TF drops the numpy arrays whose tensors died since the last one."""
-    return np.int32(0)
 
 
 def _shard_state_is_not_saved(store) -> None:
@@ -224,20 +221,7 @@ class ShardedOptimizerWrapper(WrappingOptimizer):
         return parts
 
     def _gather_into_model(self) -> None:
-        comm, assigns = self._comm(), []
-        for sh in self._shards:
-            for bk in sh.buckets:                         # the same order as the reduce-scatters
-                mine = [tf.convert_to_tensor(sv) for s, sv in zip(self._segments, self._seg_vars) if s.var in bk.vars]
-                part = mine[0] if len(mine) == 1 else tf.concat(mine, 0)   # this rank's piece (one segment: no copy)
-                fulls = tf.numpy_function(tf_typed(lambda a, sh=sh, bk=bk: allgather_bucket(a, sh, bk, comm=comm)), [part],
-                                          [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True, name="tfops_shard_ag")
-                for v, full in zip(bk.vars, _listed(fulls)):
-                    assigns.append(self._model_vars[v].assign(tf.reshape(full, self._model_vars[v].shape)))
-        # TF frees a variable's previous value, when it wraps a numpy array (the last step's
-        # allgather result), only at the next py_func call (its delayed numpy decref): make that
-        # call now, or the old weights stay resident until the next step's backprop
-        with tf.control_dependencies([a for a in assigns if a is not None and not isinstance(a, keras.Variable)]):
-            tf.numpy_function(_release, [], tf.int32, stateful=True, name="tfops_shard_release")
+        gather_into_model(self._shards, self._segments, self._seg_vars, self._model_vars, comm=self._comm())
 
     # -- checkpoints: the whole state, gathered (.state) ------------------------------------
     def _gathered(self) -> GatheredState:

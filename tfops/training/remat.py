@@ -13,7 +13,7 @@ fires (``wait`` fails), and stage 3's recompute reads the released variable (``R
 
 :func:`install` (run when :mod:`tfops.training.hooks` is imported, so by ``import tfops``)
 replaces the TensorFlow backend's ``remat`` (what ``keras.remat`` and ``RematScope`` layers
-call) with ``tf.recompute_grad``'s recipe written out, with two differences:
+call) with ``tf.recompute_grad``'s recipe written out, with three differences:
 
 - the float values of the ``StatelessScope`` active at the call go in as inputs of the custom
   gradient, and ``f`` is recomputed in backprop under a scope reading them: ``dw_h`` flows into
@@ -34,8 +34,9 @@ Collectives inside ``f`` run again in the recompute, as in Megatron's full check
 ``RowParallelDense`` under ``keras.remat`` allreduces its output once in the forward and once
 more in backprop (every rank recomputes, so the ranks' collectives stay matched).
 
-With no scope active the gradients are ``tf.recompute_grad``'s: the arguments' and the
-variables' ``f`` reads. Cost: the same recompute, one more forward of ``f`` in backprop.
+With no scope active the gradients are ``tf.recompute_grad``'s: the arguments' that a tape
+records and the variables' ``f`` reads. Cost: the same recompute, one more forward of ``f`` in
+backprop (its collectives included).
 """
 from __future__ import annotations
 
