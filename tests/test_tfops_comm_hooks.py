@@ -1,13 +1,12 @@
 """tfops with communication hooks (issue 32): comm_hook= on the tape, the optimizer and GradientHooks.
 
 In this process: the names tfops exports, and bad values refused when the tape or optimizer is
-made (TypeError naming the value; ValueError for settings a hook cannot combine with). Under
-mpirun -np 2: tests/mpi/tf_comm_hooks.py (its docstring lists the checks: model.fit, custom loop
-inside tf.function, eager, GradientHooks, buckets, and the digits accuracy).
+made (TypeError naming the value; ValueError for settings a hook cannot combine with). At
+-np 2, tests/mpi/tf_comm_hooks.py (its docstring lists the checks: model.fit, custom loop
+inside tf.function, eager, GradientHooks, buckets, and the digits accuracy) runs in
+tests/test_tf_rank_scripts.py's launch.
 """
 import pytest
-
-from .harness import TF_ENV, mpirun
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -15,8 +14,6 @@ keras = pytest.importorskip("keras")
 import allreduce as ar  # noqa: E402
 import tfops  # noqa: E402
 import tfops.keras as hvd  # noqa: E402
-
-TIMEOUT = 400
 
 
 def test_hooks_are_the_engines_objects():
@@ -58,10 +55,3 @@ def test_hooks_and_comm_hook_on_the_optimizer_is_refused():
     hooks = tfops.GradientHooks(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
     with pytest.raises(ValueError, match="GradientHooks"):
         tfops.DistributedOptimizer(keras.optimizers.SGD(0.1), hooks=hooks, comm_hook=ar.OneBit())
-
-
-@pytest.mark.mpi
-def test_comm_hooks_in_fit_loops_and_tf_function_and_digits_accuracy_2_ranks():
-    out = mpirun(2, "tf_comm_hooks.py", "--digits", timeout=TIMEOUT, env=TF_ENV).stdout
-    assert all(f"rank {r}: tf_comm_hooks OK" in out for r in range(2)), out[-3000:]
-    assert "digits test accuracy: none" in out, out[-3000:]

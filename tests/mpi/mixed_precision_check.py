@@ -1,6 +1,6 @@
 """Rank script: mixed_float16 loss scaling with a distributed optimizer, in both wrapping orders.
 
-Run alone and under mpirun by tests/test_tfops_keras.py, through tests/mpi/tf_keras_parity.py
+Run alone and under mpirun by tests/test_tf_rank_scripts.py, through tests/mpi/tf_keras_parity.py
 (one launch per world size: ``run()`` at its end), and by hand::
 
     python tests/mpi/mixed_precision_check.py

@@ -1,6 +1,6 @@
 """Rank script: alltoall, reducescatter, grouped_allgather/_reducescatter and process sets in tfops.
 
-Run by tests/test_tf_collectives.py as ``python tf_collectives.py`` and under
+Run by tests/test_tf_rank_scripts.py (through tf_in_turn.py) as ``python tf_collectives.py`` and under
 ``mpirun -np 2`` and ``-np 3``. Every rank can build every rank's inputs,
 so each result is checked against a numpy reference, and each gradient
 against its closed form for the loss L = sum_k W[k] * sum(y_k) (rank k weights

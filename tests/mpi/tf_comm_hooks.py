@@ -1,6 +1,6 @@
 """Rank script: tfops with communication hooks (comm_hook=), in model.fit, custom loops and tf.function.
 
-Run by tests/test_tfops_comm_hooks.py as ``mpirun -np 2 python tf_comm_hooks.py [--digits]``.
+Run by tests/test_tf_rank_scripts.py as ``mpirun -np 2 python tf_comm_hooks.py [--digits]`` (through tf_in_turn.py).
 Every rank trains from the same weights on its own data; the reference is the same training
 with the plain allreduce (no hook), in the same process. Checks, in order:
 

@@ -1,5 +1,5 @@
 """Rank script: ``tfops.join()`` and ``op=tfops.Adasum``, eager, in ``tf.function`` and in a
-``DistributedGradientTape`` training loop. Run by tests/test_join_adasum_mpi.py at -np 2.
+``DistributedGradientTape`` training loop. Run by tests/test_tf_rank_scripts.py at -np 2.
 
 Rank r has 3 + r batches; when it runs out it joins, and the other ranks go on with its zeros:
 an averaged gradient is the active ranks' sum over the full size (Horovod's rule), an Adasum

@@ -1,6 +1,6 @@
 """Rank script: the Keras side of Horovod's API (issue 27) against single-process math.
 
-Run by tests/test_tfops_keras.py without mpirun and as ``mpirun -np P python tf_keras_parity.py``
+Run by tests/test_tf_rank_scripts.py (through tf_in_turn.py) without mpirun and as ``mpirun -np P python tf_keras_parity.py``
 (P = 2, 3). Every rank generates every rank's data (one seeded stream), so each
 reference (numpy float64, or plain Keras on the global batch) is computed locally. Checks:
 

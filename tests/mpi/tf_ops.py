@@ -1,6 +1,6 @@
 """Rank script: tfops ops, their gradients and their errors, eager and inside tf.function.
 
-Run by tests/test_tfops.py as ``python tf_ops.py`` (one process: ar.init() in
+Run by tests/test_tf_rank_scripts.py (through tf_in_turn.py) as ``python tf_ops.py`` (one process: ar.init() in
 singleton MPI) and ``mpirun -np 3 python tf_ops.py``.
 
 The gradients are checked against closed forms for the global loss

@@ -3,7 +3,7 @@
 types, averaged gradients, Compression on tensors, and the dtypes uint16/int16/bool.
 
 ``check_all()`` runs every check on an initialised tfops (tests/mpi/tf_ops.py calls it at
--np 1 and 3); run as a script it initialises tfops itself (tests/test_tfops.py: -np 2).
+-np 1 and 3); run as a script it initialises tfops itself (tests/test_tf_rank_scripts.py: -np 2).
 Expected values are closed forms over every rank's inputs (each rank can compute them all).
 Prints "tf_surface OK" on every rank.
 """

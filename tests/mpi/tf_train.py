@@ -1,6 +1,6 @@
 """Rank script: data-parallel training with tfops equals single-process training on the global batch.
 
-Run by tests/test_tfops.py as ``mpirun -np P python tf_train.py``. Each rank
+Run by tests/test_tf_rank_scripts.py (through tf_in_turn.py) as ``mpirun -np P python tf_train.py``. Each rank
 generates every rank's data (one seeded stream), trains on its own shard
 with tfops, and trains a plain Keras reference on the concatenated global
 batch, locally. Checks, in order:
