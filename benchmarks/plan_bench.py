@@ -87,17 +87,16 @@ def _matmul_rate(tf, tfops, hidden: int) -> float:
     return 2.0 * 8 * hidden * hidden * 4 * hidden / statistics.median(times)
 
 
-def _link(tf, tfops) -> tuple[float, float]:
-    """This run's (alpha, beta) for a tfops collective, every rank at once: the ring's terms fitted
-    to the median of 5 allreduces of 4 bytes and of 4 MiB inside a tf.function (the path the
-    training step's collectives take), as select.py's fit reads its table."""
-    p = tfops.size()
+def _link(tf, op_of, p: int) -> tuple[float, float]:
+    """(alpha, beta) of one path of collectives, every rank at once: the ring's terms fitted to the
+    median of 5 allreduces of 4 bytes and of 4 MiB inside a tf.function, as select.py's fit reads its
+    table. ``op_of(x)``: the allreduce of ``x`` by that path."""
     if p == 1:
         return 0.0, 0.0
     times = {}
     for n in (1, 1 << 20):
         x = tf.zeros([n])
-        op = tf.function(lambda x=x, n=n: tfops.allreduce(x, name=f"plan_bench.link.{n}"))
+        op = tf.function(lambda x=x: op_of(x))
         op()
         runs = []
         for _ in range(5):
@@ -108,6 +107,18 @@ def _link(tf, tfops) -> tuple[float, float]:
     alpha = times[1] / (2 * (p - 1))                                   # ring: 2(p-1) messages
     beta = max(0.0, times[1 << 20] - times[1]) / (2 * (p - 1) / p * 4 * (1 << 20))
     return alpha, beta
+
+
+def _links(tf, tfops, parallel) -> dict:
+    """The run's two paths: the engine's (tfops.allreduce: DistributedGradientTape's gradients) and a
+    tensor region's direct call (the split layers; stage 3's units and the pipeline's sends call
+    the communicator directly too)."""
+    from tfops.parallel import regions
+    p = tfops.size()
+    mesh = parallel.Mesh(tensor=p)
+    alpha, beta = _link(tf, lambda x: tfops.allreduce(x, name=f"plan_bench.link.{x.shape[0]}"), p)
+    alpha_d, beta_d = _link(tf, lambda x: regions.allreduce_sum(x, mesh, "plan_bench link"), p)
+    return {"alpha": alpha, "beta": beta, "alpha_direct": alpha_d, "beta_direct": beta_d}
 
 
 def _train_step(tf, tfops, model, optimizer, data_set):
@@ -224,11 +235,11 @@ def worker(args) -> None:
     tfops.init()
     ids, vocab = gpt.text_and_vocab()
     rate = _matmul_rate(tf, tfops, args.hidden)                      # also loads the runtime's kernels
-    alpha, beta = _link(tf, tfops)
+    links = _links(tf, tfops, parallel)
     meshes = {}
     for name in args.configs.split(","):
         out = _run_one(name, args, tf, tfops, keras, parallel, gpt, ids, vocab, meshes)
-        print("RESULT " + json.dumps({**out, "flops": rate, "alpha": alpha, "beta": beta}), flush=True)
+        print("RESULT " + json.dumps({**out, "flops": rate, **links}), flush=True)
         keras.backend.clear_session()
 
 

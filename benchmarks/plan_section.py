@@ -7,7 +7,8 @@
 The model is the example's: float32 Adam, no dropout, untied head, Keras layers (``kept="keras"``);
 tfops keeps the inner optimizer's copy of the slice at stages 1-2 (4 bytes a parameter, sharded)
 and its stage 3 re-runs every unit in backward (recompute "full"). The machine is the run's own:
-the median over its rows of the matmul rate and of the alpha and beta its allreduces took.
+the median over its rows of the matmul rate and of the alpha and beta its allreduces took, by
+the engine (the data group's gradients at ZeRO 0-2) and by a direct call (every other collective).
 """
 from __future__ import annotations
 
@@ -38,14 +39,17 @@ def predict(row: dict, machine=None) -> dict:
 
 def run_machine(rows: list[dict]):
     """The planner's Machine for a run: the median over its rows of the matmul rate and, where the run
-    measured them, of its collectives' alpha and beta (else select.py's table prices them)."""
+    measured them, of its two paths' alpha and beta (else select.py's table prices them)."""
     from allreduce.algorithms.network import Link
     from allreduce.plan import Machine
     flops = statistics.median(r["flops"] for r in rows)
-    if not all("alpha" in r for r in rows):
+    if not all("alpha_direct" in r for r in rows):
         return Machine(flops=flops)
-    link = Link(statistics.median(r["alpha"] for r in rows), statistics.median(r["beta"] for r in rows), "measured")
-    return Machine(flops=flops, intra=link)
+
+    def link(suffix: str) -> Link:
+        return Link(statistics.median(r["alpha" + suffix] for r in rows),
+                    statistics.median(r["beta" + suffix] for r in rows), "measured")
+    return Machine(flops=flops, intra=link("_direct"), gradients=link(""))
 
 
 def compare(rows: list[dict]) -> list[dict]:

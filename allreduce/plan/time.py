@@ -53,13 +53,17 @@ class Machine:
     """The devices: ``flops`` a second each, ``per_node`` to a node, and the links between them.
 
     ``intra`` / ``inter``: :class:`allreduce.algorithms.network.Link` inside a node and between
-    nodes; None prices every collective by this machine's measured cost model (one node)."""
+    nodes; None prices every collective by this machine's measured cost model (one node).
+    ``gradients``: on one node, the link the data group's gradient exchange at ZeRO 0-2 sees when
+    its path differs from the layers' collectives (tfops queues it through the engine, whose cycle
+    and negotiation add latency that a tensor region's direct call does not pay); None: ``intra``."""
 
     flops: float = 0.0
     memory: float = float("inf")
     per_node: int = 1 << 30
     intra: network.Link | None = None
     inter: network.Link | None = None
+    gradients: network.Link | None = None
 
 
 @dataclass
@@ -80,17 +84,20 @@ def bubble(layout: Layout) -> float:
     return (layout.pipeline - 1) / (layout.chunks * layout.microbatches)
 
 
-def allreduce_seconds(nbytes: float, group: int, machine: Machine, *, nodes: int = 1) -> float:
-    """One allreduce of ``nbytes`` over ``group`` ranks on ``nodes`` nodes (the module docstring)."""
+def allreduce_seconds(nbytes: float, group: int, machine: Machine, *, nodes: int = 1,
+                      link: network.Link | None = None) -> float:
+    """One allreduce of ``nbytes`` over ``group`` ranks on ``nodes`` nodes (the module docstring);
+    ``link``: the one-node link to price it by instead of ``machine.intra``."""
     if group <= 1 or nbytes <= 0:
         return 0.0
-    if machine.intra is None:
+    link = link if link is not None and nodes <= 1 else machine.intra
+    if link is None:
         return select.ranked(int(nbytes), group, candidates=LOCAL_CANDIDATES)[0][1]
     if nodes > 1 and machine.inter is not None:
         a, b = network.cross_terms("ring", group, nodes)
         return a * machine.inter.alpha + b * nbytes * machine.inter.beta
     a, b, _ = select.terms("ring", group)
-    return a * machine.intra.alpha + b * nbytes * machine.intra.beta
+    return a * link.alpha + b * nbytes * link.beta
 
 
 def send_seconds(nbytes: float, machine: Machine, *, spans_nodes: bool = False) -> float:
@@ -133,7 +140,8 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
     grad_bytes = stage_params * precision.grad
     dp_nodes = -(-d // max(1, machine.per_node // t))       # a data group's ranks are t apart
     units = -(-model.layers // p) + 2 if layout.zero == 3 and isinstance(model, Transformer) else 1
-    ar = allreduce_seconds(grad_bytes / units, d, machine, nodes=dp_nodes)
+    ar = allreduce_seconds(grad_bytes / units, d, machine, nodes=dp_nodes,
+                           link=machine.gradients if layout.zero < 3 else None)
     times, why = _dp_allreduces(layout.zero, m)
     out.data = ar * times * units
     per = f" / {units} units" if units > 1 else ""
