@@ -11,9 +11,13 @@ print one JSON line per case, rendered here as the table for BENCHMARKS.md.
 bubble   a deep MLP (8 Dense layers of --width, tanh), cut into p stages (interleaved: 2p chunks),
          trained with ``Pipeline`` under ``tfops.start_timeline``; after 2 warm-up steps, each of
          --steps steps is one SCHEDULE span on the rank's timeline, and the FORWARD / BACKWARD
-         spans inside it are its compute. idle/busy = (SCHEDULE - compute) / compute, the median over
-         steps: what ``(p-1)/(v m)`` predicts when the stages take equal time and messages are
-         free. Ranks meet at a barrier before each step, so a step's span starts together. The ranks
+         spans inside it are its compute. idle/busy = (step - compute) / compute, the median over
+         steps, where a step runs from the rank's SCHEDULE start to the latest SCHEDULE end of any
+         rank (the pipeline's step: a stage that finished early idles until the last one does;
+         one monotonic clock on one machine): what ``(p-1)/(v m)`` predicts when the stages take
+         equal time and messages are free. In parentheses, the rank's own SCHEDULE span in place of
+         the step: the last stage finishes first, so its own span misses the step's tail. Ranks
+         meet at a barrier before each step, so a step's span starts together. The ranks
          are not bound to cores (``--bind-to none``): bound, each shares its core with whatever else
          the machine runs there, and the stages stop taking equal time.
 memory   the same model with a micro-batch of --mem-rows rows: ``Pipeline.peak_live`` (forward tapes
@@ -68,25 +72,33 @@ def _worker(args) -> None:
         opt = keras.optimizers.SGD(1e-3)
         rss0 = _rss_mib()
         path = f"/tmp/pipeline_bench.{os.getpid()}.{schedule}.{m}.json"
+        spans = []                                              # (start, end) of each timed step's schedule
         for step in range(2 + args.steps):
             if step == 2:
                 tfops.start_timeline(path)
             pipe.p2p.exchange_objects(None)                     # a barrier: the step starts together
             pipe.train_step(x, x, opt)
+            if step >= 2:
+                spans.append(pipe.schedule_span)
         tfops.stop_timeline()
         mine = path if tfops.rank() == 0 else path.replace(".json", f".rank{tfops.rank()}.json")
         events = [json.loads(line.rstrip(",\n")) for line in open(mine) if line.startswith("{")]
         steps = [e for e in events if e.get("name") == "SCHEDULE"]
-        ratios = []
-        for s in steps:
+        # the pipeline's step ends when its last stage to finish does (time.monotonic is one clock
+        # for every process of the machine): a stage that finished early idles until then too
+        ends = [max(e) for e in zip(*[[end for _, end in r] for r in pipe.p2p.exchange_objects(spans)])]
+        ratios, own = [], []
+        for s, (start, _), end in zip(steps, spans, ends):
             lo, hi = s["ts"], s["ts"] + s["dur"]
             busy = sum(e["dur"] for e in events if e.get("name") in ("FORWARD", "BACKWARD") and lo <= e["ts"] <= hi)
-            ratios.append((s["dur"] - busy) / busy)
+            ratios.append(((end - start) * 1e6 - busy) / busy)
+            own.append((s["dur"] - busy) / busy)
         for f in (path, mine):
             if os.path.exists(f):
                 os.remove(f)
         print(json.dumps({"schedule": schedule, "p": p, "v": v, "m": m, "rank": rank,
                           "idle_busy": sorted(ratios)[len(ratios) // 2], "formula": (p - 1) / (v * m),
+                          "idle_busy_own_span": sorted(own)[len(own) // 2],
                           "step_ms": sum(s["dur"] for s in steps) / len(steps) / 1e3,
                           "peak_live": pipe.peak_live,
                           "rss_growth_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0}),
@@ -126,14 +138,16 @@ def main() -> None:
                   "--rows", str(args.rows), "--steps", str(args.steps)]
         rows = _launch(args.np, common)
         print(f"\np = {args.np}, 8 Dense layers of {args.width}, {args.rows} rows a micro-batch, "
-              f"median of {args.steps} steps; idle/busy from each rank's timeline\n")
+              f"median of {args.steps} steps; idle/busy from each rank's timeline, to the step's end "
+              f"(to the end of the rank's own schedule)\n")
         print("| schedule | v | m | formula (p-1)/(v m) | " + " | ".join(f"rank {r} idle/busy" for r in range(args.np))
               + " | step ms (rank 0) |")
         print("|---|---|---|---|" + "---|" * args.np + "---|")
         for key in dict.fromkeys((r["schedule"], r["m"]) for r in rows):
             mine = sorted((r for r in rows if (r["schedule"], r["m"]) == key), key=lambda r: r["rank"])
             print(f"| {key[0]} | {mine[0]['v']} | {key[1]} | {mine[0]['formula']:.3f} | "
-                  + " | ".join(f"{r['idle_busy']:.3f}" for r in mine) + f" | {mine[0]['step_ms']:.0f} |")
+                  + " | ".join(f"{r['idle_busy']:.3f} ({r['idle_busy_own_span']:.3f})" for r in mine)
+                  + f" | {mine[0]['step_ms']:.0f} |")
     else:
         print(f"\np = {args.np}, m = 16, 8 Dense layers of {args.width}, {args.rows} rows a micro-batch: "
               f"one launch per schedule\n")

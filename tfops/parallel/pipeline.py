@@ -94,6 +94,7 @@ class Pipeline:
         self.last = self.p * self.v - 1
         self._specs: dict[int, dict] = {}      # micro-batch size -> {(kind, chunk): spec}
         self.events: list[tuple[str, int, int, float, float]] = []   # (F/B/recv, mb, chunk, start, end)
+        self.schedule_span = (0.0, 0.0)        # the last step's schedule, (start, end) in time.monotonic()
         self.peak_live = 0                     # the last step's most (micro-batch, chunk) tapes alive
 
     @property
@@ -161,8 +162,9 @@ class Pipeline:
                             {"micro_batch": i, "model_chunk": k})
         if self.p2p is not None:
             self.p2p.finish()
+        self.schedule_span = (begin, time.monotonic())
         if tl is not None:
-            tl.span("pipeline", "SCHEDULE", begin, time.monotonic(), {"schedule": self.schedule, "m": self.m})
+            tl.span("pipeline", "SCHEDULE", *self.schedule_span, {"schedule": self.schedule, "m": self.m})
         grads = self._reduce_data(grads)
         optimizer.apply_gradients(zip(grads, self.trainable_variables))
         return self._mean_loss(total)
