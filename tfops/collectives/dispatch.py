@@ -34,7 +34,7 @@ from . import eager, graph_order
 from .compression import Compression
 
 __all__ = ["Sum", "Average", "Min", "Max", "Product", "Adasum", "submit", "wait", "in_step", "DIRECT", "grouped",
-           "grouped_packed", "XlaNotSupportedError", "plain_python", "check_op", "auto_name", "numpy_call",
+           "listed", "grouped_packed", "XlaNotSupportedError", "plain_python", "check_op", "auto_name", "numpy_call",
            "allreduce_dense", "allreduce_differentiable", "chain", "grouped_dense"]
 
 Sum, Average, Min, Max, Product, Adasum = ar.Sum, ar.Average, ar.Min, ar.Max, ar.Product, ar.Adasum
@@ -135,7 +135,12 @@ def numpy_call(what: str, fn, inputs: list, dtypes: list) -> list:
         raise error
     out = graph_order.ordered(      # TF1 graphs: in creation order on every rank (tfops.collectives.graph_order)
         lambda: tf.numpy_function(tf_typed(fn), inputs, dtypes, stateful=True, name=f"tfops_{what}"))
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    return listed(out)
+
+
+def listed(outputs) -> list:
+    """``tf.numpy_function``'s outputs as a list (with one output, TF returns it bare)."""
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
 # --------------------------------------------------------------------------- one dense tensor's allreduce and its gradient

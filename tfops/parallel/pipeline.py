@@ -80,8 +80,8 @@ class Pipeline:
         self.chunks = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         self.mesh, self.m, self.schedule = mesh, micro_batches, schedule
         self.p, self.rank, self.v = mesh.pipeline, mesh.pipeline_rank, len(self.chunks)
-        self._forward = [tf.function(self._compiled_call(ch, watch=self._k(c) > 0), reduce_retracing=True)
-                         if compiled else self._eager_call(ch) for c, ch in enumerate(self.chunks)]
+        self._forward = [tf.function(self._chunk_call(ch, watch=self._k(c) > 0), reduce_retracing=True)
+                         if compiled else self._chunk_call(ch, watch=False) for c, ch in enumerate(self.chunks)]
         check_arguments(schedule, self.p, micro_batches, self.v)
         if isinstance(loss, str):
             import keras
@@ -171,17 +171,13 @@ class Pipeline:
 
     # -- helpers ---------------------------------------------------------------------------------
     @staticmethod
-    def _eager_call(chunk):
-        return lambda inp: chunk(inp, training=True)
-
-    @staticmethod
-    def _compiled_call(chunk, watch: bool):
-        """The chunk's forward for a ``tf.function``. ``watch``: the input needs a gradient (not the
-        first stage's), and is watched inside the trace too: the caller's tape is outside the
-        function, where a layer that recomputes (``keras.remat``, ``RematScope``:
-        :mod:`tfops.training.remat`) cannot see it, and such a layer passes a gradient only to the
-        arguments a tape records (without this, a recomputed first layer gave the input no gradient).
-        The inner tape records while tracing only; the function holds no op of its own for it."""
+    def _chunk_call(chunk, watch: bool):
+        """The chunk's forward. ``watch`` (compiled, not the first stage): the input is watched inside
+        the trace too: the caller's tape is outside the ``tf.function``, where a layer that
+        recomputes (``keras.remat``, ``RematScope``: :mod:`tfops.training.remat`) cannot see it,
+        and such a layer passes a gradient only to the arguments a tape records (without this, a
+        recomputed first layer gave the input no gradient). The inner tape records while tracing
+        only; the function holds no op of its own for it. Eagerly the caller's tape is the one."""
         def forward(inp):
             if not watch:
                 return chunk(inp, training=True)

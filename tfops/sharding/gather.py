@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from ..collectives.dispatch import listed
 from ..errors import tf_typed
 from .exchange import allgather_bucket
 from .layout import Shard
@@ -42,14 +43,15 @@ REPLACE_BYTES = 1 << 20
 so its old and new values never coexist; smaller buckets are assigned as they come."""
 
 
-def _listed(outputs) -> list:
-    """``tf.numpy_function``'s outputs as a list (with one output, TF returns it bare)."""
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-
-
 def _release() -> np.int32:
     """A py_func call: TF drops the numpy arrays whose tensors died since the last one."""
     return np.int32(0)
+
+
+def _release_after(deps: list) -> tf.Tensor:
+    """A ``release`` py_func call that runs once ``deps`` (None entries: eager assigns) have."""
+    with tf.control_dependencies([d for d in deps if d is not None]):
+        return tf.numpy_function(_release, [], tf.int32, stateful=True, name="tfops_shard_release")
 
 
 def _assign(variable, value):
@@ -67,9 +69,7 @@ def _gather_replacing(variable, part: tf.Tensor, shard: Shard, bucket, after: li
         empty = tf.numpy_function(lambda: np.zeros([0] * len(variable.shape), dtype.as_numpy_dtype), [], dtype,
                                   stateful=True, name="tfops_shard_empty")   # empty constant fails its check
         emptied = tf.raw_ops.AssignVariableOp(resource=variable.handle, value=empty, validate_shape=False)
-    with tf.control_dependencies([emptied] if emptied is not None else []):
-        released = tf.numpy_function(_release, [], tf.int32, stateful=True, name="tfops_shard_release")
-    with tf.control_dependencies([released]):
+    with tf.control_dependencies([_release_after([emptied])]):
         full = tf.numpy_function(tf_typed(lambda a: allgather_bucket(a, shard, bucket, comm=comm)[0]), [part],
                                  tf.as_dtype(shard.dtype), stateful=True, name="tfops_shard_ag")
     return [_assign(variable, tf.reshape(full, variable.shape))]
@@ -80,8 +80,7 @@ def gather_into_model(shards: list[Shard], segments, seg_vars, model_vars, *, co
     in the reduce-scatters' bucket order (see the module docstring)."""
     pieces = [[[tf.convert_to_tensor(sv) for s, sv in zip(segments, seg_vars) if s.var in bk.vars]
                for bk in sh.buckets] for sh in shards]   # read after the inner optimizer's update
-    with tf.control_dependencies([t for per_shard in pieces for mine in per_shard for t in mine]):
-        after = [tf.numpy_function(_release, [], tf.int32, stateful=True, name="tfops_shard_release")]
+    after = [_release_after([t for per_shard in pieces for mine in per_shard for t in mine])]
     for sh, per_shard in zip(shards, pieces):
         for bk, mine in zip(sh.buckets, per_shard):
             part = mine[0] if len(mine) == 1 else tf.concat(mine, 0)   # this rank's piece (one segment: no copy)
@@ -93,6 +92,5 @@ def gather_into_model(shards: list[Shard], segments, seg_vars, model_vars, *, co
                                           [part], [tf.as_dtype(sh.dtype)] * len(bk.vars), stateful=True,
                                           name="tfops_shard_ag")
             after = [_assign(model_vars[v], tf.reshape(full, model_vars[v].shape))
-                     for v, full in zip(bk.vars, _listed(fulls))]
-    with tf.control_dependencies([a for a in after if a is not None]):
-        tf.numpy_function(_release, [], tf.int32, stateful=True, name="tfops_shard_release")
+                     for v, full in zip(bk.vars, listed(fulls))]
+    _release_after(after)

@@ -49,6 +49,7 @@ import allreduce as ar
 from keras.src.utils import tracking
 from tensorflow.python.framework import func_graph
 
+from ..collectives.dispatch import listed
 from ..errors import tf_typed
 from ..training.overlap import _submit_first
 from ..training.mixed_precision import outside_loss_scale
@@ -70,10 +71,6 @@ BUCKET_BYTES = 1 << 20
 (:data:`tfops.overlap.BUCKET_BYTES`): the first bucket's ring starts early in backprop. A
 variable larger than this is a bucket of its own; the ring sends it in 256 KiB messages
 (``allreduce.partition.MESSAGE_BYTES``)."""
-
-def _listed(outputs) -> list:
-    """``tf.numpy_function``'s outputs as a list (with one output, TF returns it bare)."""
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
 def _shard_state_is_not_saved(store) -> None:
@@ -215,7 +212,7 @@ class ShardedOptimizerWrapper(WrappingOptimizer):
                                   name="tfops_shard_rs_wait")
         if len(tokens) > 1 and isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
             _submit_first(groups, [t.op for t in tokens])
-        parts = _listed(parts)
+        parts = listed(parts)
         for s, part in zip(self._segments, parts):
             part.set_shape([s.size])
         return parts

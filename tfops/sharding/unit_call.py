@@ -23,13 +23,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ..collectives.dispatch import listed
 from ..errors import tf_typed
 
 __all__ = ["sharded_call"]
-
-
-def _listed(outputs) -> list:
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
 def _read(variables) -> list:
@@ -56,9 +53,9 @@ def _gather(state, unit, shards, phase: str, *, deps, after, after_shards) -> li
         return state.exchange.gather(unit, arrays[:n], phase, after=after if after_shards else None,
                                      after_shards=arrays[n:], first=first)
     with tf.control_dependencies([d for d in deps if d is not None]):
-        outs = _listed(tf.numpy_function(tf_typed(fn), list(shards) + after_shards,
-                                         [tf.as_dtype(v.dtype) for v in unit.full_vars], stateful=True,
-                                         name="tfops_fs_gather"))
+        outs = listed(tf.numpy_function(tf_typed(fn), list(shards) + after_shards,
+                                        [tf.as_dtype(v.dtype) for v in unit.full_vars], stateful=True,
+                                        name="tfops_fs_gather"))
     for o, v in zip(outs, unit.full_vars):
         o.set_shape(v.shape)
     return outs
@@ -123,9 +120,9 @@ def sharded_call(state, unit, original):
                 dws = [tf.zeros_like(w) if g is None else tf.convert_to_tensor(g) for w, g in zip(fulls_b, dws)]
                 token = tf.numpy_function(tf_typed(lambda *a: np.int32(state.exchange.submit_reduce_scatter(unit, a) or 0)),
                                           dws, tf.int32, stateful=True, name="tfops_fs_rs")
-                parts = _listed(tf.numpy_function(tf_typed(lambda _t: state.exchange.wait_reduce_scatter(unit)), [token],
-                                                  [tf.as_dtype(v.dtype) for v in unit.shard_vars], stateful=True,
-                                                  name="tfops_fs_rs_wait"))
+                parts = listed(tf.numpy_function(tf_typed(lambda _t: state.exchange.wait_reduce_scatter(unit)), [token],
+                                                 [tf.as_dtype(v.dtype) for v in unit.shard_vars], stateful=True,
+                                                 name="tfops_fs_rs_wait"))
                 for p, s in zip(parts, sh_):
                     p.set_shape(s.shape)
                 with tf.control_dependencies([token]):          # dx leaves after the RS is queued
@@ -135,7 +132,7 @@ def sharded_call(state, unit, original):
             return flat_out + list(new_nt), grad
 
         results = run(*xs, *shards, *nts, *after_shards)
-        results = _listed(results)
+        results = listed(results)
         n_out = len(results) - len(nts)
         for v, value in zip(unit.nt_vars, results[n_out:]):
             v.assign(value)
