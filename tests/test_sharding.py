@@ -2,7 +2,7 @@
 
 The rank script tests/mpi/sharding_check.py (its docstring lists the checks) runs once per world
 size, 2, 3 and 4, each run loading the checkpoints the previous one wrote (another rank count).
-tests/mpi/sharding_elastic.py kills a rank of an elastic job and regrows it.
+tests/mpi/sharding_elastic.py kills a rank of an elastic job and regrows it, stage 2 and stage 3 side by side.
 """
 import re
 
@@ -114,7 +114,9 @@ def test_sharded_optimizer_at_2_3_and_4_ranks(tmp_path):
 @pytest.mark.parametrize("loop", ["eager", "fit"])
 def test_elastic_kill_reshards_and_regrows_with_nothing_lost(loop):
     # rank 2 SIGKILLs itself before step 5: survivors restore the step-4 commit and re-shard for 2
-    # (every slot, the dead rank's shard included, equals the commit); a replacement regrows it to 3
+    # (every slot, the dead rank's shard included, equals the commit); a replacement regrows it to 3.
+    # The same run trains a fully_shard twin with ShardedOptimizer(stage=3) (issue 44): re-cut for 2
+    # (weights and slots equal the commit), regrown to 3, equal to the stage-2 model within 1e-5
     from .test_elastic import launch_job
     result = launch_job(3, "", "--max-np", "3", script="sharding_elastic.py", retry_if_stuck=True,
                         env={"SHARD_KILL": "2@5", "SHARD_FIT": str(int(loop == "fit")), **TF_ENV,
@@ -125,6 +127,12 @@ def test_elastic_kill_reshards_and_regrows_with_nothing_lost(loop):
     assert result.returncode == 0, text[-5000:]
     assert sorted(re.findall(r"^RESHARDED-OK (\d) 2$", result.stdout, re.M)) == ["0", "1"], text[-5000:]
     assert "RESHARDED-WRONG" not in result.stdout
-    finals = re.findall(r"^SHARD (\d+) (\d+) step=(\d+) iterations=(\d+) (\w+)$", result.stdout, re.M)
-    assert sorted(int(f[0]) for f in finals) == [0, 1, 3], text[-5000:]          # 3: the replacement
-    assert {f[1:] for f in finals} == {(finals[0][1], "12", "12", finals[0][4])} and finals[0][1] == "3", finals
+    # stage 3: the step before the re-cut and the old trace raise; one re-cut (generation 1) equals the commit
+    assert sorted(re.findall(r"^STAGE3-ERRORS-OK (\d)$", result.stdout, re.M)) == ["0", "1"], text[-5000:]
+    assert sorted(re.findall(r"^RESHARDED3-OK (\d) 2 1$", result.stdout, re.M)) == ["0", "1"], text[-5000:]
+    for kind in ("SHARD", "SHARD3"):      # every process, the replacement (3) included, ends with the same bits
+        finals = re.findall(rf"^{kind} (\d+) (\d+) step=(\d+) iterations=(\d+) (\w+)$", result.stdout, re.M)
+        assert sorted(int(f[0]) for f in finals) == [0, 1, 3], text[-5000:]
+        assert {f[1:] for f in finals} == {("3", "12", "12", finals[0][4])}, (kind, finals)
+    twins = re.findall(r"^TWIN (\d+) (\S+)$", result.stdout, re.M)   # stage 3 against stage 2, same worlds
+    assert sorted(int(t[0]) for t in twins) == [0, 1, 3] and max(float(t[1]) for t in twins) < 1e-5, twins

@@ -107,6 +107,7 @@ def run_with(func: Callable, *, is_failure: Callable[[BaseException], bool]) -> 
                     reset_next = False
                     state.on_reset()
                 state.sync()
+                world.synced = True           # a replacement has the job's state now (world.joining)
                 last_recovery.setdefault("synced", time.time())
                 state._in_run = True
                 result = func(state, *args, **kwargs)

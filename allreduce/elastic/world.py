@@ -23,12 +23,13 @@ from ..transport.mpi import MPI   # first: it sets the library's Open MPI defaul
 from ..transport.spawn import joined_world
 
 __all__ = ["base", "names", "name", "who", "describe", "start_size", "news", "replace", "leave_without_finalize",
-           "exit_status", "deaths", "joins", "resets", "rebuild_hooks", "rebuilt"]
+           "exit_status", "deaths", "joins", "resets", "rebuild_hooks", "rebuilt", "joining", "synced"]
 
 deaths: list[tuple[float, list[int]]] = []   #: (when noticed, names) for every shrink
 joins: list[tuple[float, list[int]]] = []    #: (when joined, names) for every regrow
 regrow_failed = False             #: a spawn failed once: the job goes on at its size, no more tries
 resets = 0                        #: shrinks and regrows so far (the reset limit counts them: failure.py)
+synced = False                    #: run() has synced a state here (a replacement: the job's state arrived)
 exit_status = 0                   #: the status a process that left without MPI_Finalize ends with
 #: Called on every rank after the library was rebuilt on a new world (shrunk or grown), in order:
 #: a layer above redoes what its own init does collectively after ``ar.init()`` (tfops: the
@@ -88,6 +89,17 @@ def describe(ranks: list[int], names_of_ranks: list[int], size: int) -> str:
 def start_size() -> int:
     base()
     return _start_size
+
+
+def joining() -> bool:
+    """Whether this process is a replacement whose state has not arrived yet (before the first
+    sync of :func:`~allreduce.elastic.run`). Its peers set their models up before it existed, so
+    a setup that is a collective elsewhere (tfops.fully_shard's model check and weight broadcast)
+    runs alone here and the sync brings the values. False outside ``--elastic`` (MPI untouched)."""
+    from .. import api
+    if synced or not api.is_initialized() or not api.communicator().config.elastic:
+        return False
+    return name() >= start_size()
 
 
 def is_start_world() -> bool:

@@ -6,6 +6,12 @@ picklable value), the model's weights and the optimizer's variables (Keras 3:
 ``optimizer.variables``, the iteration count and every slot such as momentum).
 ``commit()`` copies them to host memory (one ``numpy()`` per variable),
 ``restore()`` assigns the copies back, ``sync()`` broadcasts rank 0's.
+
+Sharded training keeps a commit whole, since a dead rank's shards die with it: a
+``ShardedOptimizer`` (stages 1 and 2) commits its state gathered (tfops/sharding/elastic.py);
+a ``tfops.fully_shard`` model commits its weights and its stage-3 optimizer's state gathered,
+and its sync re-cuts the pieces for the new world (tfops/sharding/elastic_stage3.py). Both
+send rank 0's last commit at a sync (the ranks' live shards may be cut for different worlds).
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from allreduce import api as _api
-from allreduce.elastic import ObjectState
+from allreduce.elastic import ObjectState, world as _world
 
 __all__ = ["TensorFlowState", "TensorFlowKerasState"]
 
@@ -77,6 +83,14 @@ def _build_alone(optimizer, var_list) -> None:
         module._check_same_variables = check
 
 
+def _fully_sharded(model):
+    """:mod:`tfops.sharding.elastic_stage3` for a ``tfops.fully_shard`` model, else None."""
+    if getattr(model, "_tfops_fully_shard", None) is None:
+        return None
+    from ..sharding import elastic_stage3
+    return elastic_stage3
+
+
 class TensorFlowKerasState(ObjectState):
     """A Keras model's weights, its optimizer's variables and keyword attributes.
 
@@ -90,13 +104,19 @@ class TensorFlowKerasState(ObjectState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self._saved_model = self._saved_opt = None
+        self._stage3 = _fully_sharded(model)
         super().__init__(**kwargs)
-        self._save_tensors()
+        if not (self._stage3 and _world.joining()):   # a replacement's gathers would meet no one: the sync fills it
+            self._save_tensors()
 
     def _opt_variables(self) -> list:
         return list(self.optimizer.variables) if self.optimizer is not None else []
 
     def _save_tensors(self, syncing: bool = False) -> None:
+        if self._stage3:              # weights and state gathered whole (collectives); a sync sends the commit
+            if not syncing:
+                self._saved_model, self._saved_opt = self._stage3.save(self.model, self.optimizer)
+            return
         self._saved_model = [np.array(w, copy=True) for w in self.model.get_weights()]
         sharded = getattr(self.optimizer, "elastic_save", None)   # tfops.ShardedOptimizer (tfops/sharding/elastic.py)
         if sharded is None:
@@ -105,6 +125,11 @@ class TensorFlowKerasState(ObjectState):
             self._saved_opt = sharded()
 
     def _restore_tensors(self) -> None:
+        if self._stage3:              # remembered; cut into the pieces (re-cut if the world changed) at the sync
+            self._stage3.restore(self.model, self.optimizer, self._saved_model, self._saved_opt)
+            if getattr(self.model, "train_function", None) is not None:
+                self.model.train_function = None    # model.fit traces anew: the old trace holds the old pieces
+            return
         self.model.set_weights(self._saved_model)
         if hasattr(self.optimizer, "elastic_restore"):          # re-sharded at its next step
             self.optimizer.elastic_restore(self._saved_opt)
@@ -129,4 +154,6 @@ class TensorFlowKerasState(ObjectState):
         self._save_tensors(syncing=True)   # what rank 0 holds now: its restored commit, or its starting weights
         self._saved_model, self._saved_opt = _api.broadcast_object((self._saved_model, self._saved_opt), 0)
         self._restore_tensors()
+        if self._stage3:
+            self._stage3.sync(self.model, self.optimizer)   # every rank: same model? re-cut, load
         super().sync()

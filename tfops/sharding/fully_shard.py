@@ -18,6 +18,10 @@ see the pieces), and drop the whole weight's storage; (4) wrap each unit's ``cal
 (:func:`.unit_call.sharded_call`) and its ``save_own_variables`` / ``load_own_variables`` (a
 checkpoint holds whole weights, as a plain model writes them; saving is a collective).
 
+Under ``tfops.elastic`` a commit keeps the weights whole and a reset re-cuts every unit for the
+new world (:mod:`.elastic_stage3`); a replacement wraps its model without meeting its peers
+(they are not running ``fully_shard``): the sync that follows checks and fills it.
+
 Memory per rank, float32 Adam, N parameters, p ranks, the largest unit holding U parameters:
 4N/p weights + 4N/p gradients + 8N/p slots = 16N/p, plus about 3 x 4U while a unit is gathered
 (its weights, the prefetched next unit's, and the gather's receive block). Communication: 1.5x
@@ -31,7 +35,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import allreduce as ar
 from allreduce.algorithms.allgather import allgatherv
+from allreduce.elastic import world
 
 from .exchange import check_process_set, check_same_model, communicator_of
 from .params import Status, UnitLayout
@@ -51,11 +57,36 @@ class Unit:
 
 class FullyShardState:
     """What ``fully_shard`` keeps beside the model (``state_of(model)``): the units, the
-    communicator, the collectives (``exchange``: status, timeline)."""
+    communicator, the collectives (``exchange``: status, timeline). ``generation`` counts the
+    cuts (an elastic reset makes a new one: :mod:`.elastic_stage3`); ``pending`` is a restored
+    elastic commit waiting for the next sync."""
 
-    def __init__(self, units: list[Unit], comm, exchange: UnitExchange):
-        self.units, self.comm, self.exchange = units, comm, exchange
-        self._piece_of = {id(s): (u, i) for u in units for i, s in enumerate(u.shard_vars)}
+    def __init__(self, units: list[Unit], comm, exchange: UnitExchange, *, name: str, process_set=None):
+        self.units, self.comm, self.exchange, self.name, self.process_set = units, comm, exchange, name, process_set
+        self.world = ar.communicator()                   # the world these pieces were cut in
+        self.generation, self.pending = 0, None
+        self.index_pieces()
+
+    def index_pieces(self) -> None:
+        """Map every piece variable to its (unit, weight index): again after a re-cut."""
+        self._piece_of = {id(s): (u, i) for u in self.units for i, s in enumerate(u.shard_vars)}
+
+    def check_current(self) -> None:
+        """Raise ``RuntimeError`` (naming the rank) if the world changed since these pieces were cut
+        (an elastic shrink or regrow) and they were not re-cut for it (:mod:`.elastic_stage3`)."""
+        now = ar.communicator()
+        if now is self.world:
+            return
+        was = f"cut for {self.comm.size} ranks (rank {self.comm.rank})"
+        if self.pending is not None:
+            raise RuntimeError(f"rank {now.rank}: fully sharded model '{self.name}' is still {was} and the world is "
+                               f"now {now.size} ranks: the elastic state's sync re-cuts it before the next step "
+                               "(tfops.elastic.run calls it); to do it sooner call "
+                               "tfops.sharding.elastic_stage3.reshard_if_needed(model, optimizer)")
+        raise RuntimeError(f"rank {now.rank}: the world changed (now {now.size} ranks) but fully sharded model "
+                           f"'{self.name}' ({was}) has no committed state to re-cut from: keep it and its "
+                           "ShardedOptimizer(stage=3) in tfops.elastic.TensorFlowKerasState and train inside "
+                           "tfops.elastic.run")
 
     def after(self, unit: Unit, phase: str) -> Unit | None:
         """The unit that runs next in ``phase`` (model order forward, reverse backward)."""
@@ -166,12 +197,17 @@ def _patch_saving(state: FullyShardState, layer) -> None:
     object.__setattr__(layer, "load_own_variables", load_own_variables)
 
 
+def layout_of(fulls: list, size: int, turn: int) -> tuple[UnitLayout, int]:
+    """The layout of a unit whose whole weights are ``fulls`` over ``size`` ranks, and the next
+    unit's ``turn`` (units are cut in model order from turn 0: a re-cut must match a new wrap)."""
+    return UnitLayout.of([tuple(v.shape) for v in fulls], [tf.as_dtype(v.dtype).name for v in fulls], size, turn)
+
+
 def _cut(layer, index: int, comm, turn: int, sync_weights: bool, swaps: dict):
     """The :class:`Unit` of ``layer``: its weights' layout and this rank's pieces (``swaps``: whole
     weight id -> piece); and the next unit's ``turn``."""
     fulls = list(layer.trainable_variables)
-    layout, turn = UnitLayout.of([tuple(v.shape) for v in fulls], [tf.as_dtype(v.dtype).name for v in fulls],
-                                 comm.size, turn)
+    layout, turn = layout_of(fulls, comm.size, turn)
     pieces = []
     for i, full in enumerate(fulls):
         p = layout.piece(i)
@@ -226,7 +262,8 @@ def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights:
                          "pass input_shape= for a Sequential (each layer is then built and cut in turn)")
     comm = communicator_of(check_process_set(process_set))
     layers = list(model.layers) if lazy else _units_of(model)
-    if not lazy:
+    alone = world.joining()          # a replacement: its peers run no fully_shard; the sync checks and fills it
+    if not lazy and not alone:
         check_same_model(model.trainable_variables, "fully_shard", comm=comm)
     units, swaps, turn, shape = [], {}, 0, tuple(input_shape) if lazy else None
     for layer in layers:
@@ -238,12 +275,14 @@ def fully_shard(model, *, process_set=None, prefetch: bool = True, sync_weights:
             shape = layer.compute_output_shape(shape)
             if not layer.trainable_variables:
                 continue
-            check_same_model(layer.trainable_variables, f"fully_shard (layer '{layer.name}')", comm=comm)
-        unit, turn = _cut(layer, len(units), comm, turn, sync_weights, swaps)
+            if not alone:
+                check_same_model(layer.trainable_variables, f"fully_shard (layer '{layer.name}')", comm=comm)
+        unit, turn = _cut(layer, len(units), comm, turn, sync_weights and not alone, swaps)
         units.append(unit)
         if lazy:
             _release(unit)
-    state = FullyShardState(units, comm, UnitExchange(comm, prefetch=prefetch))
+    state = FullyShardState(units, comm, UnitExchange(comm, prefetch=prefetch), name=model.name,
+                            process_set=process_set)
     for piece in swaps.values():
         object.__setattr__(piece, "_tfops_fully_shard", state)    # for ShardedOptimizer(stage=3)
     for layer in _swap(model, swaps):

@@ -13,6 +13,8 @@ Every slot the inner optimizer makes is shaped as a piece: N/p elements per slot
 hold the whole state, as a plain optimizer over the plain model writes it (each slot gathered,
 in the inner optimizer's own order, :func:`.state._slot_order`), so they load at any rank count
 and into a plain optimizer; a plain optimizer's file loads here. Saving is a collective.
+After an elastic re-cut (:mod:`.elastic_stage3`) :meth:`FullyShardedOptimizer.rebuild` makes a
+fresh inner optimizer over the new pieces; the commit's whole state is then cut into it.
 """
 from __future__ import annotations
 
@@ -82,6 +84,8 @@ class FullyShardedOptimizer(WrappingOptimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
+        else:
+            self._fs.check_current()                      # after an elastic reset: re-cut first
         grads = list(grads)
         if len(variables) != len(self._pieces) or any(v is not w for v, w in zip(variables, self._pieces)):
             raise ValueError(f"ShardedOptimizer(stage=3) was built for {len(self._pieces)} variables and is applied "
@@ -95,6 +99,25 @@ class FullyShardedOptimizer(WrappingOptimizer):
         grads = clip_segments(grads, list(range(len(grads))), len(grads), clipnorm=self.shard_clipnorm,
                               global_clipnorm=self.shard_global_clipnorm, comm=self._fs.comm)
         self.inner_optimizer.apply(grads, variables)
+
+    def rebuild(self, pieces) -> None:
+        """A fresh inner optimizer built over ``pieces``, the model's pieces after an elastic re-cut
+        (a variable's shape is fixed, so the old slots cannot take the new cut); its state is
+        loaded next (``load_own_variables``). AdamW's variables excluded from weight decay stay
+        excluded: Keras keys them by ``id``, so the old pieces' keys are mapped onto the new."""
+        old, pieces = self.inner_optimizer, list(pieces)
+        fresh = type(old).from_config(old.get_config())
+        fresh.save_own_variables = fresh.load_own_variables = _not_saved
+        excluded = getattr(old, "_exclude_from_weight_decay", None) or set()
+        fresh._exclude_from_weight_decay = {fresh._var_key(new) for was, new in zip(self._pieces, pieces)
+                                            if old._var_key(was) in excluded}
+        fresh._exclude_from_weight_decay_pattern = getattr(old, "_exclude_from_weight_decay_pattern", None)
+        fresh._exclude_from_weight_decay_cache = {}
+        self.inner_optimizer, self._pieces = fresh, pieces
+        with keras.name_scope(self.name, caller=self):
+            fresh.build(pieces)
+        self._trainable_variables = pieces[:]             # Keras' own bookkeeping of what it steps
+        self._trainable_variables_indices = {self._var_key(v): i for i, v in enumerate(pieces)}
 
     # -- checkpoints: the plain optimizer's layout, slots whole ----------------------------
     def _layout(self):

@@ -15,7 +15,9 @@ variables to a value, here the gathered whole weights and a snapshot of its non-
 (a seed generator's, BatchNorm's statistics). Backward recomputes with the same snapshot, so a
 dropout mask is the forward's; the forward's updates of that state are assigned after the call.
 Cost: the layer's forward runs twice (as under activation recompute); its activations inside
-the unit live only in the recompute.
+the unit live only in the recompute. Each gather op knows the cut it was traced for
+(``state.generation``): after an elastic re-cut, a ``tf.function`` traced before raises rather
+than gather old pieces with the new layout.
 """
 from __future__ import annotations
 
@@ -46,8 +48,14 @@ def _gather(state, unit, shards, phase: str, *, deps, after, after_shards) -> li
     after_shards = list(after_shards)
     first = phase == "forward" and unit.index == 0
     n = len(unit.shard_vars)
+    generation = state.generation                            # the cut this op was made for
 
     def fn(*arrays):
+        if state.generation != generation:                   # a trace older than an elastic re-cut
+            raise RuntimeError(f"rank {state.comm.rank}: fully sharded model '{state.name}' was re-cut for "
+                               f"{state.comm.size} ranks after this tf.function was traced: make a new "
+                               "tf.function in a reset callback (state.register_reset_callbacks); model.fit "
+                               "traces anew by itself")
         if first:
             state.exchange.drop_pending()                    # a new step: no stale prefetch survives
         return state.exchange.gather(unit, arrays[:n], phase, after=after if after_shards else None,
@@ -86,6 +94,7 @@ def sharded_call(state, unit, original):
             zeros = [(v, tf.zeros(v.shape, v.dtype)) for v in unit.full_vars]
             with keras.StatelessScope(state_mapping=zeros):
                 return original(*args, **kwargs)
+        state.check_current()                            # an elastic reset re-cuts first (.elastic_stage3)
         where = [i for i, a in enumerate(flat) if tf.is_tensor(a)]
         xs = [flat[i] for i in where]
         shards, nts = _read(unit.shard_vars), _read(unit.nt_vars)

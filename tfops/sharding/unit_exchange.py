@@ -143,6 +143,16 @@ class UnitExchange:
             fut.cancel() or fut.exception()
         self._gathers.clear()
 
+    def close(self) -> None:
+        """Retire this exchange (an elastic re-cut makes a new one on the new communicator): queued
+        work is cancelled and the worker ends once its current call returns, not waited for (a call
+        on the old, revoked world ends with an error nobody reads)."""
+        for fut in list(self._gathers.values()) + list(self._scatters.values()):
+            fut.cancel()
+        self._gathers.clear()
+        self._scatters.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
     # -- the timeline ----------------------------------------------------------------------
     def _record(self, unit, what: str, phase: str, t0: float, queued: float | None = None) -> None:
         self.timeline.append({"unit": unit.index, "name": unit.name, "what": what, "phase": phase,
