@@ -11,5 +11,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 # Two workers (pytest-xdist), a test file to one worker: the multi-process tests that mostly wait overlap, and
 # a file whose tests share fixed names (test_cluster.py: namespaces) stays on one worker. ALLREDUCE_TEST_WORKERS=0: serial.
 WORKERS=${ALLREDUCE_TEST_WORKERS:-2}
-XDIST=(); [ "$WORKERS" != 0 ] && XDIST=(-n "$WORKERS" --dist loadfile)
+XDIST=(); [ "$WORKERS" != 0 ] && XDIST=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)   # order: tests/conftest.py
 exec .venv/bin/python -m pytest -q -ra --durations=25 "${XDIST[@]}" "$@"   # the 25 slowest: the suite must stay under 12 min

@@ -165,17 +165,30 @@ def mpirun(np_: int, script: str | Path, *args: str, timeout: float = 120.0, env
     return result
 
 
-def run_at_growing_sizes(script: str, tmp_path: Path, sizes=(2, 3, 4), *, timeout: float, env: dict | None = None) -> None:
-    """One launch of ``script`` (tests/mpi/) per world size, each given a fresh folder to write its
-    files into and the previous size's folder to load from; every rank must print
-    ``rank R: <script stem> OK``, and every launch after the first ``loaded the files of another rank
-    count`` (checkpoints written at one size load at another)."""
-    previous = None
-    for np_ in sizes:
-        out = tmp_path / f"np{np_}"
-        out.mkdir()
-        text = mpirun(np_, script, str(out), *([str(previous)] if previous else []), timeout=timeout, env=env).stdout
-        assert all(f"rank {r}: {Path(script).stem} OK" in text for r in range(np_)), text[-3000:]
-        if previous:
-            assert "loaded the files of another rank count" in text, text[-3000:]
-        previous = out
+def launch_in_turn(size: int, runs: list[tuple[str, ...]], *, per_script: float, env: dict | None = None) -> str:
+    """One launch of ``size`` processes that runs several rank scripts (tests/mpi/) one after the other
+    (tests/mpi/tf_in_turn.py); ``runs`` holds each script's name (without ``.py``) and its arguments.
+
+    Returns the launch's stdout, or ``LAUNCH FAILED`` and the failure's text (a timeout or a non-zero
+    exit), so that each script's test can fail with it: see :func:`check_in_turn`."""
+    words: list[str] = []
+    for script, *args in runs:
+        words += (["--"] if words else []) + [f"{script}.py", *args]
+    timeout = per_script * len(runs)
+    try:
+        if size == 1:
+            return run_alone("tf_in_turn.py", *words, timeout=timeout, env=env)
+        return mpirun(size, "tf_in_turn.py", *words, timeout=timeout, env=env).stdout
+    except pytest.fail.Exception as failed:
+        return f"LAUNCH FAILED\n{failed}"
+
+
+def check_in_turn(out: str, size: int, script: str) -> None:
+    """Fail unless every rank of a :func:`launch_in_turn` launch printed ``rank R: <script> OK`` and the
+    runner said the script was done; a failure names the script that raised in that launch."""
+    missing = [r for r in range(size) if f"rank {r}: {script} OK" not in out]
+    if missing:
+        failed = [line for line in out.splitlines() if line.startswith("tf_in_turn:") and "done" not in line]
+        pytest.fail(f"{script} at {size} process(es): no OK from rank(s) {missing}"
+                    + (f" ({'; '.join(failed)})" if failed else "") + f"\n{out[-4000:]}")
+    assert f"tf_in_turn: {script}.py done" in out, out[-3000:]

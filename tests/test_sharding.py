@@ -1,7 +1,8 @@
 """tfops.ShardedOptimizer (issue 33): the layout's arithmetic here, the optimizer under mpirun.
 
 The rank script tests/mpi/sharding_check.py (its docstring lists the checks) runs once per world
-size, 2, 3 and 4, each run loading the checkpoints the previous one wrote (another rank count).
+size, 2, 3 and 4, each run loading the checkpoints the previous one wrote (another rank count), in
+tests/test_tf_parallel_scripts.py's launches (several rank scripts to a launch).
 tests/mpi/sharding_elastic.py kills a rank of an elastic job and regrows it, stage 2 and stage 3 side by side.
 """
 import re
@@ -9,12 +10,10 @@ import re
 import numpy as np
 import pytest
 
-from .harness import TF_ENV, run_at_growing_sizes
+from .harness import TF_ENV
 
 pytest.importorskip("tensorflow")
 from tfops.sharding.layout import shards  # noqa: E402
-
-TIMEOUT = 600                       # a launch: TF's import alone takes tens of seconds on a loaded 2-core machine (np 4 took ~400 s at load 18)
 
 
 class _Var:
@@ -101,12 +100,6 @@ def test_blocked_reducescatter_same_bits_and_scratch_bounded_to_a_block(p, keep_
             np.testing.assert_allclose(got[r][0], want[lo:hi], rtol=1e-5, atol=1e-6)
             slots = 2 if keep_input else 1
             assert got[r][1] <= slots * max(64, 2 * 4 * block), (block, got[r][1])   # a block, to a power of two
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(3 * TIMEOUT + 30)
-def test_sharded_optimizer_at_2_3_and_4_ranks(tmp_path):
-    run_at_growing_sizes("sharding_check.py", tmp_path, timeout=TIMEOUT, env=TF_ENV)
 
 
 @pytest.mark.mpi

@@ -1,19 +1,14 @@
 """ZeRO stage 3 (issue 44): the cut of the weights here, fully_shard + ShardedOptimizer(stage=3) under mpirun.
 
 The rank script tests/mpi/stage3_check.py (its docstring lists the checks) runs once per world
-size, 3 and 4, the second loading the checkpoint the first wrote (another rank count); -np 2 is in
-tests/mpi/recompute_check.py's launch (tests/test_recompute.py).
+size, 3 and 4, the second loading the checkpoint the first wrote (another rank count), in
+tests/test_tf_parallel_scripts.py's launches; -np 2 is in tests/mpi/recompute_check.py.
 """
 import numpy as np
 import pytest
 
-from .harness import TF_ENV, run_at_growing_sizes
-
 pytest.importorskip("tensorflow")
 from tfops.sharding.params import Group, UnitLayout, cut, pack, unpack  # noqa: E402
-
-TIMEOUT = 600                       # a launch: TF's import alone takes tens of seconds on a loaded 2-core machine
-
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 7])
 def test_cut_balances_every_rank_and_pack_inverts_unpack(size):
@@ -42,11 +37,3 @@ def test_unit_layout_groups_by_dtype_and_continues_the_turn():
     assert layout.members == ((0, 2), (1,)) and [g.dtype for g in layout.groups] == ["float32", "float16"]
     assert layout.piece(0).counts == (1, 2) and layout.piece(1).counts == (1, 1) and layout.piece(2).counts == (3, 2)
     assert turn == (1 + 10) % 2
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(2 * TIMEOUT + 60)
-def test_stage3_equals_distributed_optimizer_and_checkpoints_cross_rank_counts(tmp_path):
-    # -np 3 then 4 (each loading the other's files); stage 3 at -np 2 (Adam, SGD with Nesterov, with and
-    # without recompute, against DistributedOptimizer) is in tests/mpi/recompute_check.py's launch
-    run_at_growing_sizes("stage3_check.py", tmp_path, sizes=(3, 4), timeout=TIMEOUT, env=TF_ENV)

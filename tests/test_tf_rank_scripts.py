@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import TF_ENV, mpirun, run_alone
+from .harness import TF_ENV, check_in_turn, launch_in_turn
 
 pytest.importorskip("tensorflow")
 
@@ -41,17 +41,7 @@ _outputs: dict[int, str] = {}
 def _launch(size: int) -> str:
     """The output of ``size``'s launch (run once per pytest process; xdist keeps this file on one worker)."""
     if size not in _outputs:
-        words = []
-        for script, *args in LAUNCHES[size]:
-            words += (["--"] if words else []) + [f"{script}.py", *args]
-        timeout = PER_SCRIPT * len(LAUNCHES[size])
-        try:
-            if size == 1:
-                _outputs[size] = run_alone("tf_in_turn.py", *words, timeout=timeout, env=TF_ENV)
-            else:
-                _outputs[size] = mpirun(size, "tf_in_turn.py", *words, timeout=timeout, env=TF_ENV).stdout
-        except pytest.fail.Exception as failed:        # a timeout or a non-zero exit: its text, for every script
-            _outputs[size] = f"LAUNCH FAILED\n{failed}"
+        _outputs[size] = launch_in_turn(size, LAUNCHES[size], per_script=PER_SCRIPT, env=TF_ENV)
     return _outputs[size]
 
 
@@ -64,11 +54,6 @@ CASES = [pytest.param(size, run, id=f"np{size}-{run[0]}") for size, runs in LAUN
 def test_rank_script(size, run):
     script = run[0]
     out = _launch(size)
-    missing = [r for r in range(size) if f"rank {r}: {script} OK" not in out]
-    if missing:
-        failed = [line for line in out.splitlines() if line.startswith("tf_in_turn:") and "done" not in line]
-        pytest.fail(f"{script} at {size} process(es): no OK from rank(s) {missing}"
-                    + (f" ({'; '.join(failed)})" if failed else "") + f"\n{out[-4000:]}")
-    assert f"tf_in_turn: {script}.py done" in out, out[-3000:]
+    check_in_turn(out, size, script)
     if script == "tf_comm_hooks":
         assert "digits test accuracy: none" in out, out[-3000:]

@@ -9,9 +9,11 @@ used to start one process per rank for each script. Run in turn, each world size
 
 Each script runs as ``__main__`` (``runpy``) with its own ``sys.argv``, on a fresh engine: the
 runner shuts the engine down between scripts (a script's own ``hvd.shutdown()`` is fine too),
-clears Keras' session and puts back the float32 policy. TF's thread counts can be set only
-before its runtime starts, so after the first script a call that asks for the same count is a
-no-op, and one that asks for another raises. A script that raises ends the job the way it
+clears Keras' session and puts back the float32 policy. It first waits for every rank (a
+barrier): one rank's shutdown stops every rank's engine, and a rank that finished early (a
+pipeline's last stage) must not stop a peer's engine while that peer still runs the script.
+TF's thread counts can be set only before its runtime starts, so after the first script a call
+that asks for the same count is a no-op, and one that asks for another raises. A script that raises ends the job the way it
 would alone (tfops' fault hook aborts every rank, naming this one); the runner first prints
 ``tf_in_turn: <script> raised`` so the test can say which one. After each script that ends
 normally, every rank prints ``tf_in_turn: <script> done (<seconds> s)``.
@@ -65,7 +67,10 @@ def fresh_start() -> None:
     """What one script may leave behind that the next must not see."""
     import keras
     import tfops
+    from allreduce import api
     if tfops.is_initialized():
+        if tfops.size() > 1:
+            api.barrier()     # a rank's shutdown stops every engine: wait until all have left the script
         tfops.shutdown()
     keras.mixed_precision.set_global_policy("float32")
     keras.backend.clear_session()
