@@ -121,6 +121,31 @@ def _links(tf, tfops, parallel) -> dict:
     return {"alpha": alpha, "beta": beta, "alpha_direct": alpha_d, "beta_direct": beta_d}
 
 
+def _host_costs(tf, keras) -> dict:
+    """The host's fixed costs on this rank, every rank at once (allreduce/plan/time.py's c, e, u):
+    the median of 5 runs each of 20 calls of a compiled function that adds 1 to one number, of
+    100 eager adds of one-element tensors, and of an eager Adam step over 16 one-element weights
+    (per weight)."""
+    one = tf.ones([1])
+    add = tf.function(lambda x: x + 1.0)
+    add(one)
+    weights = [keras.Variable(tf.zeros([1])) for _ in range(16)]
+    grads = [tf.ones([1]) for _ in weights]
+    adam = keras.optimizers.Adam(1e-3)
+    adam.apply_gradients(zip(grads, weights))
+
+    def per(fn, n: int) -> float:
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            runs.append((time.perf_counter() - start) / n)
+        return statistics.median(runs)
+    return {"call_s": per(lambda: [add(one) for _ in range(20)], 20),
+            "eager_op_s": per(lambda: [one + one for _ in range(100)], 100),
+            "eager_update_s": per(lambda: adam.apply_gradients(zip(grads, weights)), len(weights))}
+
+
 def _train_step(tf, tfops, model, optimizer, data_set):
     """examples/gpt.py's step (no sequence parallelism), its gradients reduced as one group: with
     several, tfops.training.overlap's submit-first edges close a cycle with the split layers'
@@ -236,10 +261,11 @@ def worker(args) -> None:
     ids, vocab = gpt.text_and_vocab()
     rate = _matmul_rate(tf, tfops, args.hidden)                      # also loads the runtime's kernels
     links = _links(tf, tfops, parallel)
+    host = _host_costs(tf, keras)
     meshes = {}
     for name in args.configs.split(","):
         out = _run_one(name, args, tf, tfops, keras, parallel, gpt, ids, vocab, meshes)
-        print("RESULT " + json.dumps({**out, "flops": rate, **links}), flush=True)
+        print("RESULT " + json.dumps({**out, "flops": rate, **links, **host}), flush=True)
         keras.backend.clear_session()
 
 

@@ -39,17 +39,20 @@ def predict(row: dict, machine=None) -> dict:
 
 def run_machine(rows: list[dict]):
     """The planner's Machine for a run: the median over its rows of the matmul rate and, where the run
-    measured them, of its two paths' alpha and beta (else select.py's table prices them)."""
+    measured them, of its two paths' alpha and beta (else select.py's table prices them) and of the
+    host's fixed costs (a compiled call, an eager op, an eager Adam update of one weight)."""
     from allreduce.algorithms.network import Link
     from allreduce.plan import Machine
     flops = statistics.median(r["flops"] for r in rows)
+    host = {key: statistics.median(r[key + "_s"] for r in rows)
+            for key in ("call", "eager_op", "eager_update") if all(key + "_s" in r for r in rows)}
     if not all("alpha_direct" in r for r in rows):
-        return Machine(flops=flops)
+        return Machine(flops=flops, **host)
 
     def link(suffix: str) -> Link:
         return Link(statistics.median(r["alpha" + suffix] for r in rows),
                     statistics.median(r["beta" + suffix] for r in rows), "measured")
-    return Machine(flops=flops, intra=link("_direct"), gradients=link(""))
+    return Machine(flops=flops, intra=link("_direct"), gradients=link(""), **host)
 
 
 def compare(rows: list[dict]) -> list[dict]:
@@ -98,6 +101,7 @@ def _runs(saved: dict) -> str:
 
 def render(saved: dict) -> str:
     lines = compare(saved["rows"])
+    machine = run_machine(saved["rows"])
     a = saved["args"]
     out = ["## The planner's predictions against the GPT example (issue 44)", "",
            f"{_runs(saved)}: examples/gpt.py with {a['layers']} layers, "
@@ -112,7 +116,10 @@ def render(saved: dict) -> str:
            "both columns (not a live object after the step). *Peak above base*: VmHWM less VmRSS before the model "
            "was built, MALLOC_MMAP_THRESHOLD_=131072; base = TensorFlow's runtime and what earlier configurations "
            "left. Step: median measured; predicted from the planner with the rate a matmul reached in the same "
-           "run.", "",
+           "run" + (", and the host's fixed costs measured in it too: a compiled call "
+                    f"{machine.call * 1e6:.0f} us, an eager op {machine.eager_op * 1e6:.0f} us, an eager Adam update "
+                    f"of one weight {machine.eager_update * 1e6:.0f} us (allreduce/plan/time.py's host term)"
+                    if machine.call else " (no host costs measured: the run predates them)") + ".", "",
            "| config | weights pred / counted | state pred / counted | activations pred / counted | total pred / "
            "counted | error | peak above base (base) | step s pred / measured |",
            "|---|---|---|---|---|---|---|---|"]

@@ -124,6 +124,17 @@ class Transformer:
         """Of one layer's forward flops, the part selective recompute runs again: QK^T and AV."""
         return 4.0 * batch * self.seq * self.seq * self.hidden
 
+    def layer_tensors(self) -> int:
+        """Weight tensors of one layer: two layernorms (scale, bias), the attention's projections
+        and the MLP's two matrices, each with a bias: 12 with a fused QKV (Megatron), 16 with
+        separate Q, K and V (Keras' MultiHeadAttention)."""
+        return 16 if self.kept == "keras" else 12
+
+    def edge_tensors(self) -> tuple[int, int]:
+        """Weight tensors outside the layers: (first stage: token and position embeddings; last
+        stage: the final layernorm's two and, untied, the output layer's kernel and bias)."""
+        return 2, 2 + (0 if self.tied else 2)
+
     def describe(self) -> str:
         return (f"{self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads, "
                 f"sequence {self.seq}, vocabulary {self.vocab}: {_count(self.params)} parameters")

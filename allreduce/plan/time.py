@@ -5,6 +5,7 @@
       + m x (n_tp x L/p + 2) x T_allreduce(s b h e, t)  tensor parallelism's allreduces
       + m x 3 x T_allreduce(4 s b, t)                  ... and the vocabulary-parallel loss's
       + 2 m x T_send(s b h e)                          pipeline sends, forward and back
+      + calls x c + ops x e + tensors x u              the host's own work (when measured)
 
 * F, the step's flops: 3 forward passes' worth (forward, and backward at twice it;
   Narayanan et al. 2021, eq. 3), plus a fourth forward of the layers under full recompute, or
@@ -23,6 +24,16 @@
   backward). The vocabulary-parallel loss adds 3 allreduces of s b numbers (the rows' max, the
   target's logit, the sum of exponentials). Sequence parallelism swaps each for an allgather and
   a reduce-scatter: the same bytes.
+
+* The host: what the CPU that drives the device spends per dispatch, whatever the bytes and
+  flops (the fixed cost a GPU pays as kernel launches). ``c``: one call into compiled code;
+  ``e``: one eager op; ``u``: an eager optimizer update of one weight tensor (Adam). A compiled
+  step is 1 call (its collectives' exits from the graph are inside their measured alpha). A
+  pipeline stage runs its schedule from the host: per micro-batch a forward call and a backward
+  call (2m), its gradients summed over the micro-batches op by op (m x tensors eager ops), and
+  the optimizer applied eagerly (tensors x u); its sends are priced as messages. ``c``, ``e``
+  and ``u`` are inputs (0: not counted; the benchmark measures them on the machine it predicts,
+  as it measures the matmul rate).
 
 No overlap is assumed: each term is paid in full, an upper bound on a step.
 
@@ -64,6 +75,9 @@ class Machine:
     intra: network.Link | None = None
     inter: network.Link | None = None
     gradients: network.Link | None = None
+    call: float = 0.0          #: host seconds of one dispatch (a compiled call, a collective's exit, a message)
+    eager_op: float = 0.0      #: host seconds of one eager op
+    eager_update: float = 0.0  #: host seconds of an eager optimizer update of one weight tensor
 
 
 @dataclass
@@ -73,11 +87,12 @@ class StepTime:
     data: float = 0.0
     tensor: float = 0.0
     pipeline: float = 0.0
+    host: float = 0.0
     lines: tuple[str, ...] = ()
 
     @property
     def total(self) -> float:
-        return self.compute * (1 + self.bubble) + self.data + self.tensor + self.pipeline
+        return self.compute * (1 + self.bubble) + self.data + self.tensor + self.pipeline + self.host
 
 
 def bubble(layout: Layout) -> float:
@@ -119,6 +134,19 @@ def _dp_allreduces(zero: int, m: int) -> tuple[float, str]:
     if zero == 2:
         return (m + 1) / 2, f"a reduce-scatter per micro-batch x {m} + one allgather of the weights"
     return 1.5 * m, f"per micro-batch x {m}: gather weights twice, reduce-scatter the gradients"
+
+
+def _host_counts(model: Transformer, layout: Layout) -> tuple[float, float, float, str]:
+    """The host's dispatches in one step of the fullest stage (the module docstring): calls, eager
+    ops, eager optimizer updates, and the reason in words."""
+    p, m = layout.pipeline, layout.microbatches
+    if p == 1:
+        return 1.0, 0.0, 0.0, "1 compiled step"
+    first, last = model.edge_tensors()
+    tensors = -(-model.layers // p) * model.layer_tensors() + max(first, last)
+    return (2.0 * m, float(m * tensors), float(tensors),
+            f"{m} micro-batches x (a forward and a backward call), {tensors} weight tensors summed over the "
+            f"micro-batches and updated eagerly")
 
 
 def step_flops(model: Transformer, layout: Layout, global_batch: int) -> float:
@@ -171,6 +199,12 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
             out.pipeline = 2 * m * one
             lines.append(f"pipeline: 2 x {m} micro-batches x {one * 1e3:.4g} ms a send of {act:.4g} B = "
                          f"{out.pipeline * 1e3:.4g} ms")
+        if machine.call or machine.eager_op or machine.eager_update:
+            calls, ops, tensors, why = _host_counts(model, layout)
+            out.host = calls * machine.call + ops * machine.eager_op + tensors * machine.eager_update
+            lines.append(f"host: {why}: {calls:g} calls x {machine.call * 1e6:.4g} us + {ops:g} eager ops x "
+                         f"{machine.eager_op * 1e6:.4g} us + {tensors:g} eager updates x "
+                         f"{machine.eager_update * 1e6:.4g} us = {out.host * 1e3:.4g} ms")
     lines.append(f"step: {out.total * 1e3:.4g} ms")
     out.lines = tuple(lines)
     return out

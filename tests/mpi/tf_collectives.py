@@ -230,6 +230,39 @@ for eager in (True, False):
     assert y.numpy().ravel().tolist() == [float(r) for r in members] and rsplits.numpy().tolist() == [1] * len(members)
     y = tfops.reducescatter(tf.ones([len(members), 2]), op=tfops.Sum, process_set=mine)
     np.testing.assert_array_equal(y.numpy(), np.full((1, 2), len(members)))
+# grouped_allreduce on a set is fused as the world's is: consecutive float tensors of one dtype in
+# one allreduce (an integer tensor or a dtype change starts another); values and gradients as one by one
+
+
+def group_of(r: int) -> list:
+    return [np.arange(4.0, dtype=np.float32).reshape(2, 2) * (r + 1), np.array([r], np.float32),
+            np.array([r, 1], np.int32), np.array([2 * r, 3, 1], np.float32), np.array([[1.0 + r]], np.float64)]
+
+
+calls = []
+comm = mine.communicator
+inner_allreduce = comm.allreduce
+comm.allreduce = lambda a, *args, **kw: calls.append(a.size) or inner_allreduce(a, *args, **kw)
+try:
+    for eager in (True, False):
+        calls.clear()
+        parts = [tf.constant(v) for v in group_of(me)]
+        run = (lambda f: f()) if eager else (lambda f: tf.function(f)())
+        ys = run(lambda: tfops.grouped_allreduce(parts, op=tfops.Sum, process_set=mine))
+        assert sorted(calls) == [1, 2, 3, 5], ("grouped_allreduce on a set: one allreduce per run of a float dtype",
+                                               eager, calls)
+        for got, want in zip(ys, [sum(vs) for vs in zip(*[group_of(r) for r in members])]):
+            assert got.dtype == want.dtype and np.array_equal(got.numpy(), want), ("fused on a set", eager, got, want)
+    xs = [tf.constant(np.ones((2, 3)) * (me + 1)), tf.constant(np.ones(4))]
+    with tf.GradientTape() as tape:
+        tape.watch(xs)
+        ys = tfops.grouped_allreduce(xs, op=tfops.Sum, process_set=mine)
+        loss = tf.reduce_sum(ys[0] * 2.0) + tf.reduce_sum(ys[1] * 3.0)
+    gs = tape.gradient(loss, xs)
+    np.testing.assert_allclose(gs[0].numpy(), np.full((2, 3), 2.0 * len(members)))
+    np.testing.assert_allclose(gs[1].numpy(), np.full(4, 3.0 * len(members)))
+finally:
+    comm.allreduce = inner_allreduce
 other = odds if me % 2 == 0 else evens
 if other.size():                                   # a rank outside a set gets an error at once, alone
     for call in (lambda: tfops.allreduce(tf.ones(2), process_set=other),

@@ -148,9 +148,64 @@ def allreduce_in_set(tensor, op=None, average=None, prescale_factor=1.0, postsca
 @plain_python
 def grouped_allreduce_in_set(tensors, op=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=None, **_ignored):
-    """``grouped_allreduce`` on a process set: one allreduce per tensor, in order."""
-    return [allreduce_in_set(t, op=op, average=average, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, process_set=process_set) for t in tensors]
+    """``grouped_allreduce`` on a process set, fused as the world's is: consecutive dense tensors
+    of one floating dtype are laid end to end (up to ``fusion_threshold`` bytes a group, the
+    engine's bound) and reduced in ONE allreduce, then cut back into their shapes; a group of one,
+    an integer tensor or ``tf.IndexedSlices`` is one call. A pipeline's data axis or a tensor x data
+    mesh's ``DistributedOptimizer(process_set=data_set)`` then pays one collective's latency for
+    its gradients, not one per weight. Every rank passes the same list, so every rank makes the
+    same groups in the same order. The gradient of a fused group is the fused allreduce of the
+    upstream gradients (concat and split are differentiable)."""
+    kind = _op_of(op, average)
+    communicator_of(process_set)
+    out: list = [None] * len(tensors)
+    limit = _fusion_threshold()
+    group: list[tuple[int, tf.Tensor]] = []
+
+    def flush():
+        if len(group) == 1:
+            i, t = group[0]
+            out[i] = _reduce(t, kind, prescale_factor, postscale_factor, process_set)
+        elif group:
+            flat = tf.concat([tf.reshape(t, [-1]) for _, t in group], 0)
+            reduced = _reduce(flat, kind, prescale_factor, postscale_factor, process_set)
+            parts = tf.split(reduced, [_count(t) for _, t in group])
+            for (i, t), part in zip(group, parts):
+                out[i] = tf.reshape(part, tf.shape(t))
+        group.clear()
+
+    nbytes = 0
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            flush()
+            out[i] = allreduce_in_set(t, op=op, average=average, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor, process_set=process_set)
+            continue
+        t = tf.convert_to_tensor(t)
+        size = _count(t) * t.dtype.size if t.shape.is_fully_defined() else None
+        if not t.dtype.is_floating or size is None:
+            flush()
+            out[i] = _reduce(t, kind, prescale_factor, postscale_factor, process_set)
+            continue
+        if group and (group[0][1].dtype != t.dtype or nbytes + size > limit or not limit):
+            flush()
+            nbytes = 0
+        group.append((i, t))
+        nbytes += size
+    flush()
+    return out
+
+
+def _count(t) -> int:
+    return int(t.shape.num_elements())
+
+
+def _fusion_threshold() -> int:
+    """The running engine's ``fusion_threshold`` (ALLREDUCE_FUSION_THRESHOLD; 0: no fusion)."""
+    from allreduce import api
+    from allreduce.config import Config
+    engine = getattr(api, "_engine", None)
+    return int(engine.config.fusion_threshold if engine is not None else Config.from_env().fusion_threshold)
 
 
 # --------------------------------------------------------------------------- allgather / broadcast

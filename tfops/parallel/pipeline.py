@@ -288,8 +288,8 @@ class Pipeline:
         grads = [tf.zeros_like(w) if g is None else g for g, w in zip(grads, weights)]
         if self.mesh.data == 1:
             return grads
-        import tfops as hvd                                 # the data axis: the ordinary averaged allreduce
-        return [hvd.allreduce(g, op=hvd.Average, process_set=self.mesh.data_set) for g in grads]
+        import tfops as hvd                                 # the data axis: one fused averaged allreduce
+        return hvd.grouped_allreduce(grads, op=hvd.Average, process_set=self.mesh.data_set)
 
     def _mean_loss(self, total) -> tf.Tensor:
         value = np.array(float(total), np.float32)
