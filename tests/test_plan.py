@@ -186,3 +186,20 @@ def test_keras_top_of_model_and_tfops_stage_3():
     link = Machine(flops=1e9, intra=network.Link(1e-3, 0.0))
     st = step_time(model, lay, FP32, link, stage_params=P)
     assert st.data == pytest.approx(1.5 * (L + 2) * select.terms("ring", d)[0] * 1e-3)
+
+
+def test_host_term_counts_calls_eager_ops_and_updates():
+    """A compiled step is one call; a pipeline stage 2m calls, m x T eager gradient sums and T eager
+    updates (T: its weight tensors, 16 a Keras layer + the larger edge's); none without host costs."""
+    from allreduce.plan.cli import _host
+    model = Transformer(4, 64, 4, 32, 128, dropout=False, tied=False, kept="keras")
+    machine = Machine(flops=1e9, call=1e-4, eager_op=1e-5, eager_update=1e-3)
+    plain = Layout(data=4, tensor=1, pipeline=1, zero=0, recompute="none", micro_batch=2, microbatches=1)
+    assert step_time(model, plain, FP32, machine, stage_params=1000).host == pytest.approx(1e-4)
+    piped = Layout(data=2, tensor=1, pipeline=2, zero=0, recompute="none", micro_batch=2, microbatches=4)
+    tensors = 2 * 16 + 4                                  # 2 layers a stage; the last stage's LN and untied head
+    got = step_time(model, piped, FP32, machine, stage_params=1000)
+    assert got.host == pytest.approx(8 * 1e-4 + 4 * tensors * 1e-5 + tensors * 1e-3)
+    assert any(line.startswith("host: 4 micro-batches") for line in got.lines)
+    assert step_time(model, piped, FP32, Machine(flops=1e9), stage_params=1000).host == 0.0
+    assert _host("300us,12us,1.8ms") == pytest.approx((3e-4, 1.2e-5, 1.8e-3))
