@@ -188,12 +188,23 @@ def part_memory(steps: int) -> list[dict]:
     return rows
 
 
+#: where TensorFlow's own tensors live. "tf": TensorFlow as it comes (oneDNN on, the default on x86
+#: Linux): its CPU allocator is a BFC pool ("mklcpu") that keeps every region it ever reserved, so
+#: the RSS is the pool's high-water mark, and which frees land in time decides it (a thread's
+#: timing); "glibc": TF_ENABLE_ONEDNN_OPTS=0, TensorFlow's tensors from glibc's malloc as it comes.
+ALLOCATORS = {"tf": {}, "glibc": {"TF_ENABLE_ONEDNN_OPTS": "0"}}
+USER_RUNS = 3
+
+
 def part_user(label: str) -> list[dict]:
     rows = []
-    for np_ in (2, 4):
-        for mode in ("unsharded", "stage1", "stage2"):
-            got = launch(np_, "memory", "--mode", mode, "--model", "user", "--steps", "5", "--batch", "32")
-            rows += [dict(r, label=label) for r in got]
+    for allocator in (ALLOCATORS if label == "now" else ["tf"]):
+        for np_ in (2, 4):
+            for mode in ("unsharded", "stage1", "stage2"):
+                for run in range(USER_RUNS if label == "now" else 1):
+                    got = launch(np_, "memory", "--mode", mode, "--model", "user", "--steps", "5", "--batch", "32",
+                                 env=ALLOCATORS[allocator])
+                    rows += [dict(r, label=label, allocator=allocator, run=run) for r in got]
     return rows
 
 
@@ -224,6 +235,41 @@ def _render_user(saved: dict) -> list[str]:
                            else "")
                 lines.append(f"| {label} | {np_} | {mode} | {above:.0f} | {want:.0f} | {above - want:+.0f} | "
                              f"{above / plain:.2f}x | {verdict} |")
+    return lines + [""] + _render_user_now(saved)
+
+
+def _render_user_now(saved: dict) -> list[str]:
+    """The same measure, the same code, both places TensorFlow's tensors can live, each (np, mode)
+    launched USER_RUNS times: the worst run (max over ranks and runs) decides, the runs beside it."""
+    rows = saved.get("user_now", {}).get("rows", [])
+    if not rows:
+        return []
+    formula = {"unsharded": lambda p: 12, "stage1": lambda p: 4 + 12 / p, "stage2": lambda p: 16 / p}
+    goal = {"stage1": 1.0, "stage2": 0.75}
+    lines = [f"The same measure on the current code (`--label now`), each row launched {USER_RUNS} times, for both "
+             "places TensorFlow's own tensors can live. `tf`: TensorFlow as it comes; with oneDNN on (the default on "
+             "x86 Linux) its CPU allocator is a BFC pool (`mklcpu`) that never gives a region back, so RSS is the "
+             "pool's high-water mark and the order in which frees land (a thread's timing) moves it by a whole "
+             "piece. `glibc`: `TF_ENABLE_ONEDNN_OPTS=0`, TensorFlow's tensors from glibc's malloc as it comes (no "
+             "`MALLOC_*` setting). `worst`: max over ranks and runs (the goal is read on it); `runs`: each run's max "
+             "over ranks.", "",
+             "| allocator | np | optimizer | worst MiB | runs MiB | formula MiB | worst vs plain's worst | goal |",
+             "|:---|---:|:---|---:|:---|---:|---:|:---|"]
+    for allocator in ALLOCATORS:
+        for np_ in sorted({r["np"] for r in rows}):
+            plain = None
+            for mode in ("unsharded", "stage1", "stage2"):
+                mine = [r for r in rows if r["np"] == np_ and r["mode"] == mode and r.get("allocator") == allocator]
+                if not mine:
+                    continue
+                runs = [max(r["peak_mib"] - r["rss_model_mib"] for r in mine if r["run"] == k)
+                        for k in sorted({r["run"] for r in mine})]
+                worst = max(runs)
+                plain = plain or worst
+                want = formula[mode](np_) * mine[0]["params"] / 2**20
+                verdict = (("met" if worst / plain <= goal[mode] else "NOT met") if mode in goal and np_ == 2 else "")
+                lines.append(f"| {allocator} | {np_} | {mode} | {worst:.0f} | {', '.join(f'{x:.0f}' for x in runs)} | "
+                             f"{want:.0f} | {worst / plain:.2f}x | {verdict} |")
     return lines + [""]
 
 
@@ -319,7 +365,7 @@ def render(saved: dict) -> str:
                             f"the arrays alone {default[1]:.2f}x): the default heaps keep what stage 2 frees."
                             if default else "."))
             lines.append("")
-    if "user_before" in saved or "user_after" in saved:
+    if "user_before" in saved or "user_after" in saved or "user_now" in saved:
         lines += _render_user(saved)
     if "budget" in saved:
         rows = saved["budget"]["rows"]
@@ -367,7 +413,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="big", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time", "cluster", "user"])
-    parser.add_argument("--label", default="after", choices=["before", "after"], help="user part: the code measured")
+    parser.add_argument("--label", default="after", choices=["before", "after", "now"],
+                        help="user part: the code measured (now: both allocators, 3 runs each)")
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per memory run")
     parser.add_argument("--budget-mib", type=float, default=0.0, help="per-rank RSS budget (budget part: 2000)")
     parser.add_argument("--write", action="store_true", help="render the saved results into BENCHMARKS.md")
