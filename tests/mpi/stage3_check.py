@@ -15,6 +15,10 @@ own seeded batches. Checks:
    gradient has its piece's shape; Adam's two slots are pieces too. After a step every unit's
    status is NOT_AVAILABLE; the timeline shows each unit gathered forward and backward, and
    the next unit's forward gather handed over before the current unit's compute began.
+2b. A subclassed model that calls its layers in the reverse of the order it made them (as
+   examples/gpt.py calls its head last): equal to DistributedOptimizer; the call order is learnt,
+   each unit is gathered once per phase per step (no prefetch of a unit that already ran) and
+   the forward gathers after the first are prefetched in call order.
 3. model.fit (Adam, 6 steps) equals DistributedOptimizer's model.fit; then model.save writes DIR/model.keras
    (whole weights and whole Adam state: every rank calls save; rank 0's path is the real one)
    and DIR/state.npz (what it must hold, gathered by hand).
@@ -160,6 +164,40 @@ for name, make, graph in [("Adam", lambda: K.Adam(0.02), True),
         print(f"rank {me}: Adam tf.function, RematScope(mode='full'): max |stage 3 - DistributedOptimizer| = "
               f"{np.abs(remat - want).max():.2e}, |recompute - without| = {np.abs(remat - got).max():.2e} {took()}",
               flush=True)
+
+# 2b. a model that calls its layers in another order than it made them (examples/gpt.py makes its
+# head second): the prefetch follows the calls, and no unit is gathered twice in a phase ---------
+class Reversed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.c, self.b, self.a = keras.layers.Dense(3), keras.layers.Dense(4, activation="tanh"), \
+            keras.layers.Dense(5, activation="tanh")
+
+    def call(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+ref = model()
+train(hvd.DistributedOptimizer(K.Adam(0.02)), ref, True)
+m = Reversed()
+m(np.zeros((1, 6), "f4"))
+start = model().get_weights()                              # a, b, c's kernel and bias; m holds c, b, a
+m.set_weights(start[4:] + start[2:4] + start[:2])
+fs = state_of(fully_shard(m))
+train(FullyShardedOptimizer(K.Adam(0.02)), m, True)
+w = gathered_weights(m)
+got = flat(w[4:] + w[2:4] + w[:2])
+np.testing.assert_allclose(got, flat(ref.get_weights()), rtol=1e-5, atol=1e-6, err_msg=f"rank {me}: Reversed")
+assert fs.order == (2, 1, 0), f"rank {me}: call order learnt {fs.order}, want (2, 1, 0) (a, b, c)"
+gathers = [(e["unit"], e["phase"]) for e in fs.exchange.timeline if e["what"] == "gather"]
+assert sorted(gathers) == sorted([(u, ph) for u in range(3) for ph in ("forward", "backward")] * 4), \
+    f"rank {me}: 4 steps gather each unit once a phase a step; got {gathers}"
+last = fs.exchange.timeline[-5 * len(fs.units):]
+fwd = {e["unit"]: e for e in last if e["what"] == "forward"}
+for before, u in ((2, 1), (1, 0)):                         # a, then b, then c
+    g = next(e for e in last if e["what"] == "gather" and e["unit"] == u and e["phase"] == "forward")
+    assert g["queued"] < fwd[before]["start"], f"rank {me}: unit {u}'s gather was not prefetched: {last}"
+print(f"rank {me}: layers called in another order than made: equal, prefetched in call order {took()}", flush=True)
 
 # 3. model.fit, then a whole checkpoint ----------------------------------------------------
 x = np.concatenate([b[0] for b in batches(6, 7)])

@@ -24,7 +24,8 @@ new world (:mod:`.elastic_stage3`); a replacement wraps its model without meetin
 
 Memory per rank, float32 Adam, N parameters, p ranks, the largest unit holding U parameters:
 4N/p weights + 4N/p gradients + 8N/p slots = 16N/p, plus about 3 x 4U while a unit is gathered
-(its weights, the prefetched next unit's, and the gather's receive block). Communication: 1.5x
+(its weights, the prefetched next unit's, and the gather's receive block, which is kept between
+calls and so is held between steps too). Communication: 1.5x
 the bytes of one allreduce of the gradients (:mod:`.unit_exchange`).
 """
 from __future__ import annotations
@@ -59,13 +60,25 @@ class FullyShardState:
     """What ``fully_shard`` keeps beside the model (``state_of(model)``): the units, the
     communicator, the collectives (``exchange``: status, timeline). ``generation`` counts the
     cuts (an elastic reset makes a new one: :mod:`.elastic_stage3`); ``pending`` is a restored
-    elastic commit waiting for the next sync."""
+    elastic commit waiting for the next sync. ``order``: the unit indices in the order the forward
+    calls them, once one forward has called every unit (None before: model order is assumed)."""
 
     def __init__(self, units: list[Unit], comm, exchange: UnitExchange, *, name: str, process_set=None):
         self.units, self.comm, self.exchange, self.name, self.process_set = units, comm, exchange, name, process_set
         self.world = ar.communicator()                   # the world these pieces were cut in
         self.generation, self.pending = 0, None
+        self.order, self._calls = None, []
         self.index_pieces()
+
+    def called(self, unit: Unit) -> None:
+        """Note that ``unit``'s forward was called (traced or eager). A subclassed model calls its
+        layers in its own order, not ``model.layers``' (examples/gpt.py: the head is the second
+        layer made and the last called), and the prefetch must follow the calls."""
+        if unit.index in self._calls:                    # a new forward (or a unit called twice)
+            self._calls = []
+        self._calls.append(unit.index)
+        if len(self._calls) == len(self.units):
+            self.order = tuple(self._calls)
 
     def index_pieces(self) -> None:
         """Map every piece variable to its (unit, weight index): again after a re-cut."""
@@ -89,9 +102,11 @@ class FullyShardState:
                            "tfops.elastic.run")
 
     def after(self, unit: Unit, phase: str) -> Unit | None:
-        """The unit that runs next in ``phase`` (model order forward, reverse backward)."""
-        k = unit.index + (1 if phase == "forward" else -1)
-        return self.units[k] if 0 <= k < len(self.units) else None
+        """The unit that runs next in ``phase``: call order forward, reverse backward (model order
+        until a forward has called every unit)."""
+        order = self.order or range(len(self.units))
+        k = order.index(unit.index) + (1 if phase == "forward" else -1)
+        return self.units[order[k]] if 0 <= k < len(order) else None
 
     def status(self, unit: int | str) -> Status:
         """The status of unit ``unit`` (index or layer name)."""

@@ -46,7 +46,6 @@ def _next(state, unit, phase: str):
 def _gather(state, unit, shards, phase: str, *, deps, after, after_shards) -> list[tf.Tensor]:
     """The unit's whole weights (an op), after ``deps``; hands over ``after``'s prefetch."""
     after_shards = list(after_shards)
-    first = phase == "forward" and unit.index == 0
     n = len(unit.shard_vars)
     generation = state.generation                            # the cut this op was made for
 
@@ -56,10 +55,13 @@ def _gather(state, unit, shards, phase: str, *, deps, after, after_shards) -> li
                                f"{state.comm.size} ranks after this tf.function was traced: make a new "
                                "tf.function in a reset callback (state.register_reset_callbacks); model.fit "
                                "traces anew by itself")
+        first = phase == "forward" and unit.index == (state.order or (0,))[0]   # the step's first gather
         if first:
             state.exchange.drop_pending()                    # a new step: no stale prefetch survives
-        return state.exchange.gather(unit, arrays[:n], phase, after=after if after_shards else None,
-                                     after_shards=arrays[n:], first=first)
+        # traced before the call order was known, ``after`` may not run next: hand over no prefetch
+        # (every rank learnt the same order; a prefetch of a unit that already ran is skipped too)
+        ahead = after if after_shards and state.after(unit, phase) is after else None
+        return state.exchange.gather(unit, arrays[:n], phase, after=ahead, after_shards=arrays[n:], first=first)
     with tf.control_dependencies([d for d in deps if d is not None]):
         outs = listed(tf.numpy_function(tf_typed(fn), list(shards) + after_shards,
                                         [tf.as_dtype(v.dtype) for v in unit.full_vars], stateful=True,
@@ -95,6 +97,7 @@ def sharded_call(state, unit, original):
             with keras.StatelessScope(state_mapping=zeros):
                 return original(*args, **kwargs)
         state.check_current()                            # an elastic reset re-cuts first (.elastic_stage3)
+        state.called(unit)                               # learn the call order the prefetch follows
         where = [i for i, a in enumerate(flat) if tf.is_tensor(a)]
         xs = [flat[i] for i in where]
         shards, nts = _read(unit.shard_vars), _read(unit.nt_vars)

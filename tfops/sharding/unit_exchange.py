@@ -17,7 +17,9 @@ Cost per unit of n bytes: forward gather (p-1)/p n, backward gather (p-1)/p n, r
 (p-1)/p n, each in (p-1) alpha; 1.5x the bytes of one allreduce of the gradients (the ZeRO
 paper's stage 3 figure). Memory: the gathered block and the unpacked weights (2n) while a
 gather finishes, the unit's weights (n) while it computes, one more unit's (n) while its
-prefetch waits.
+prefetch waits. The block (the largest unit's n, and this rank's n/p to send) is kept from call
+to call (:class:`Scratch`): every gather and reduce-scatter writes one, and a new one is paid in
+page faults each time.
 
 ``timeline`` records what ran when (``gather`` and ``reduce_scatter`` on the worker, with the
 time each was handed over; ``forward`` and ``backward`` while a unit's weights were whole), so a
@@ -38,19 +40,49 @@ from allreduce.ops import Average, dtype_code
 from ..collectives.dispatch import in_step
 from .params import Status, UnitLayout, pack, unpack
 
-__all__ = ["UnitExchange", "gather_unit", "reducescatter_unit"]
+__all__ = ["UnitExchange", "Scratch", "gather_unit", "reducescatter_unit"]
 
 
-def gather_unit(comm, layout: UnitLayout, shards: list[np.ndarray], *, first: bool = False) -> list[np.ndarray]:
+class Scratch:
+    """The worker's buffers, reused from call to call: a unit's receive block (the allgather's
+    output, the reduce-scatter's packed input) and this rank's send block, one each per dtype,
+    the size of the largest unit so far (exact: a power of two could double a large unit's).
+    A fresh 0.8 MB block cost 0.35 ms of page faults a call (one process, MALLOC_MMAP_THRESHOLD_
+    at 128 KiB, as benchmarks/plan_bench.py runs) and a block of examples/gpt.py needs one per
+    gather and per reduce-scatter. Only the exchange's one worker thread uses them, one call at a
+    time: each is dead once its call returns (unpacked, reduced)."""
+
+    def __init__(self):
+        self._bufs: dict[tuple[str, str], np.ndarray] = {}
+
+    def get(self, use: str, count: int, dtype) -> np.ndarray:
+        """``count`` elements of ``dtype`` for ``use`` ("block" or "send"); contents undefined."""
+        key = (use, np.dtype(dtype).name)
+        buf = self._bufs.get(key)
+        if buf is None or buf.size < count:
+            buf = self._bufs[key] = np.empty(count, dtype)
+        return buf[:count]
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._bufs.values())
+
+
+def gather_unit(comm, layout: UnitLayout, shards: list[np.ndarray], *, first: bool = False,
+                scratch: Scratch | None = None) -> list[np.ndarray]:
     """Every whole weight of a unit from each rank's pieces (``shards``: this rank's, one flat array
-    per weight); ``first``: the step's first collective, which meets the engine (:func:`in_step`)."""
+    per weight); ``first``: the step's first collective, which meets the engine (:func:`in_step`);
+    ``scratch``: reuse its blocks (else new ones)."""
+    scratch = scratch or Scratch()
     fulls: list = [None] * len(shards)
     for group, members in zip(layout.groups, layout.members):
-        mine = np.concatenate([np.asarray(shards[i], group.dtype).reshape(-1) for i in members]) if members else None
-        out = np.empty(sum(group.blocks), group.dtype)
+        out = scratch.get("block", sum(group.blocks), group.dtype)
         if comm.size == 1:
-            out[:] = mine
+            mine = out
         else:
+            mine = scratch.get("send", group.block(comm.rank), group.dtype)
+        if members:
+            np.concatenate([np.asarray(shards[i], group.dtype).reshape(-1) for i in members], out=mine)
+        if comm.size > 1:
             def run(mine=mine, out=out, group=group):
                 comm.check_agreement("allgather", count=out.size, dtype=dtype_code(out.dtype))
                 allgatherv(comm.transport, mine, out, list(group.blocks))
@@ -61,13 +93,16 @@ def gather_unit(comm, layout: UnitLayout, shards: list[np.ndarray], *, first: bo
     return fulls
 
 
-def reducescatter_unit(comm, layout: UnitLayout, grads: list[np.ndarray]) -> list[np.ndarray]:
+def reducescatter_unit(comm, layout: UnitLayout, grads: list[np.ndarray], *,
+                       scratch: Scratch | None = None) -> list[np.ndarray]:
     """This rank's pieces of the unit's gradients (``grads``: whole, one per weight), averaged over
-    the ranks: one ring reduce-scatter per dtype."""
+    the ranks: one ring reduce-scatter per dtype; ``scratch``: pack into its block (else a new one)."""
+    scratch = scratch or Scratch()
     parts: list = [None] * len(grads)
     for group, members in zip(layout.groups, layout.members):
-        buf = pack(group, [np.asarray(grads[i]) for i in members])
-        out = np.empty(group.block(comm.rank), group.dtype)
+        buf = pack(group, [np.asarray(grads[i]) for i in members],
+                   out=scratch.get("block", sum(group.blocks), group.dtype))
+        out = np.empty(group.block(comm.rank), group.dtype)       # handed to TensorFlow: a new one
         if comm.size == 1:
             out[:] = buf
         else:
@@ -85,9 +120,11 @@ class UnitExchange:
     def __init__(self, comm, *, prefetch: bool = True):
         self.comm, self.prefetch = comm, prefetch
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfops-fully-shard")
+        self.scratch = Scratch()                         # the worker's blocks, reused (one call at a time)
         self._gathers: dict[tuple[int, str], concurrent.futures.Future] = {}
         self._scatters: dict[int, concurrent.futures.Future] = {}
         self._since: dict[int, float] = {}
+        self._ran: set[tuple[int, str]] = set()          # (unit, phase) gathered since the step began
         self.status: dict[int, Status] = {}
         self.timeline: list[dict] = []
 
@@ -99,7 +136,7 @@ class UnitExchange:
 
         def run():
             t0 = time.perf_counter()
-            fulls = gather_unit(self.comm, unit.layout, arrays, first=first)
+            fulls = gather_unit(self.comm, unit.layout, arrays, first=first, scratch=self.scratch)
             self._record(unit, "gather", phase, t0, queued=queued)
             return fulls
         return self._pool.submit(run)
@@ -108,8 +145,10 @@ class UnitExchange:
         """The unit's whole weights for ``phase`` ("forward" or "backward"): its prefetch if one was
         handed over, else a gather now; then the prefetch of ``after`` (the next unit to run)."""
         fut = self._gathers.pop((unit.index, phase), None) or self._submit_gather(unit, shards, phase, first)
-        if self.prefetch and after is not None and (after.index, phase) not in self._gathers:
-            self._gathers[(after.index, phase)] = self._submit_gather(after, after_shards, phase, False)
+        self._ran.add((unit.index, phase))
+        ahead = None if after is None else (after.index, phase)
+        if self.prefetch and ahead is not None and ahead not in self._gathers and ahead not in self._ran:
+            self._gathers[ahead] = self._submit_gather(after, after_shards, phase, False)
         fulls = fut.result()
         self.status[unit.index] = Status.AVAILABLE
         self._since[unit.index] = time.perf_counter()
@@ -128,7 +167,7 @@ class UnitExchange:
 
         def run():
             t0 = time.perf_counter()
-            parts = reducescatter_unit(self.comm, unit.layout, arrays)
+            parts = reducescatter_unit(self.comm, unit.layout, arrays, scratch=self.scratch)
             self._record(unit, "reduce_scatter", "backward", t0)
             return parts
         self._scatters[unit.index] = self._pool.submit(run)
@@ -138,10 +177,12 @@ class UnitExchange:
         return self._scatters.pop(unit.index).result()
 
     def drop_pending(self) -> None:
-        """Forget prefetches no step will use (a forward without a backward, a failed step)."""
+        """Forget prefetches no step will use (a forward without a backward, a failed step), once
+        they have run: a cancel could stop a prefetch on one rank that has begun on another."""
         for fut in self._gathers.values():
-            fut.cancel() or fut.exception()
+            fut.exception()
         self._gathers.clear()
+        self._ran.clear()
 
     def close(self) -> None:
         """Retire this exchange (an elastic re-cut makes a new one on the new communicator): queued
