@@ -21,7 +21,12 @@ dropped before the next is built). Per configuration and rank it measures
   was built (the peak is reset there through ``/proc/self/clear_refs``), all ranks with
   ``MALLOC_MMAP_THRESHOLD_=131072``; the baseline (TensorFlow's runtime, the previous
   configurations' leftovers) is printed beside it;
-* **step time**: the median of the timed steps, after one traced step.
+* **step time**: the median of the timed steps, after one traced step;
+* **stage 3's units**: how many ``fully_shard`` made (the planner prices stage 3's collectives,
+  hand-offs and exits per unit, counted from the model's shape: the two must agree).
+
+Before the configurations, every rank at once: the matmul rate, the alpha and beta of the two
+paths of collectives, and the host's fixed costs (``_host_costs``).
 
 The planner's prediction for the same layout (float32 Adam, no dropout, untied head, the example's
 shape) stands beside each. Gradients are not a live object after the step, so the table puts the
@@ -30,6 +35,7 @@ planner's gradient bytes in both columns and says so.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import json
 import os
@@ -122,10 +128,12 @@ def _links(tf, tfops, parallel) -> dict:
 
 
 def _host_costs(tf, keras) -> dict:
-    """The host's fixed costs on this rank, every rank at once (allreduce/plan/time.py's c, e, u):
-    the median of 5 runs each of 20 calls of a compiled function that adds 1 to one number, of
-    100 eager adds of one-element tensors, and of an eager Adam step over 16 one-element weights
-    (per weight)."""
+    """The host's fixed costs on this rank, every rank at once (allreduce/plan/time.py's c, e, u,
+    x, h): the median of 5 runs each of 20 calls of a compiled function that adds 1 to one number,
+    of 100 eager adds of one-element tensors, of an eager Adam step over 16 one-element weights
+    (per weight), and of one compiled call of 20 ``numpy_function`` ops in a chain, each returning
+    its input (per op, less a twentieth of the call: an exit) or handing it to a worker thread and
+    waiting for it back, as stage 3's unit collectives are handed over (per op, less an exit)."""
     one = tf.ones([1])
     add = tf.function(lambda x: x + 1.0)
     add(one)
@@ -133,6 +141,9 @@ def _host_costs(tf, keras) -> dict:
     grads = [tf.ones([1]) for _ in weights]
     adam = keras.optimizers.Adam(1e-3)
     adam.apply_gradients(zip(grads, weights))
+    worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plan-bench-handoff")
+    exits, handoffs = _chain(tf, lambda a: a), _chain(tf, lambda a: worker.submit(lambda: a).result())
+    exits(one), handoffs(one)
 
     def per(fn, n: int) -> float:
         runs = []
@@ -141,9 +152,26 @@ def _host_costs(tf, keras) -> dict:
             fn()
             runs.append((time.perf_counter() - start) / n)
         return statistics.median(runs)
-    return {"call_s": per(lambda: [add(one) for _ in range(20)], 20),
-            "eager_op_s": per(lambda: [one + one for _ in range(100)], 100),
-            "eager_update_s": per(lambda: adam.apply_gradients(zip(grads, weights)), len(weights))}
+    call = per(lambda: [add(one) for _ in range(20)], 20)
+    exit_s = per(lambda: exits(one), CHAIN)
+    handoff = per(lambda: handoffs(one), CHAIN)
+    worker.shutdown()
+    return {"call_s": call, "eager_op_s": per(lambda: [one + one for _ in range(100)], 100),
+            "eager_update_s": per(lambda: adam.apply_gradients(zip(grads, weights)), len(weights)),
+            "graph_exit_s": max(0.0, exit_s - call / CHAIN), "handoff_s": max(0.0, handoff - exit_s)}
+
+
+CHAIN = 20      #: numpy_function ops in one compiled call, for the exit and hand-off costs
+
+
+def _chain(tf, fn):
+    """A compiled function of ``CHAIN`` ``numpy_function`` ops of ``fn``, each fed the last's output."""
+    @tf.function
+    def run(x):
+        for _ in range(CHAIN):
+            x = tf.numpy_function(fn, [x], tf.float32, stateful=True)
+        return x
+    return run
 
 
 def _train_step(tf, tfops, model, optimizer, data_set):
@@ -229,7 +257,8 @@ def _run_one(name, args, tf, tfops, keras, parallel, gpt, ids, vocab, meshes) ->
         concrete = step.get_concrete_function(*xs[0])
         graph, loss = concrete.graph, concrete.graph.outputs[0]
     if z == 3:
-        extra["gathered"] = _gathered_bytes(tfops, model)
+        from tfops.sharding.fully_shard import state_of
+        extra["gathered"], extra["units"] = _gathered_bytes(tfops, model), len(state_of(model).units)
     kept, rebuilt = kept_activation_bytes(graph, loss), rebuilt_activation_bytes(graph, loss)
     times = []
     for x, y in xs[1:]:

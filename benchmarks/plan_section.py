@@ -25,6 +25,7 @@ def predict(row: dict, machine=None) -> dict:
     model: no dropout, untied head, Keras layers; tfops keeps the inner optimizer's copy of the slice
     at stages 1-2, and its stage 3 re-runs every unit in backward: recompute "full")."""
     from allreduce.plan import PRECISIONS, Layout, Machine, Transformer, memory, step_time
+    from allreduce.plan.time import zero3_units
     fp32 = PRECISIONS["fp32"]
     model = Transformer(row["layers"], row["hidden"], row["heads"], row["seq"], row["vocab"], dropout=False,
                         tied=False, kept="keras", name="examples/gpt.py")
@@ -34,18 +35,20 @@ def predict(row: dict, machine=None) -> dict:
     mem = memory(model, lay, fp32, extra_state_sharded=4.0)
     st = step_time(model, lay, fp32, machine or run_machine([row]), stage_params=mem.params)
     return {"weights": mem.weights, "grads": mem.grads, "state": mem.state, "activations": mem.activations,
-            "total": mem.total, "step_s": st.total, "params": mem.params, "stage": mem.stage, "layout": lay.label()}
+            "total": mem.total, "step_s": st.total, "params": mem.params, "stage": mem.stage, "layout": lay.label(),
+            "units": zero3_units(model, lay)}
 
 
 def run_machine(rows: list[dict]):
     """The planner's Machine for a run: the median over its rows of the matmul rate and, where the run
     measured them, of its two paths' alpha and beta (else select.py's table prices them) and of the
-    host's fixed costs (a compiled call, an eager op, an eager Adam update of one weight)."""
+    host's fixed costs (a compiled call, an eager op, an eager Adam update of one weight, a hand-off
+    to a worker thread and back, a numpy_function exit)."""
     from allreduce.algorithms.network import Link
     from allreduce.plan import Machine
     flops = statistics.median(r["flops"] for r in rows)
     host = {key: statistics.median(r[key + "_s"] for r in rows)
-            for key in ("call", "eager_op", "eager_update") if all(key + "_s" in r for r in rows)}
+            for key in ("call", "eager_op", "eager_update", "handoff", "graph_exit") if all(key + "_s" in r for r in rows)}
     if not all("alpha_direct" in r for r in rows):
         return Machine(flops=flops, **host)
 
@@ -71,7 +74,7 @@ def compare(rows: list[dict]) -> list[dict]:
                     "state": top["state"], "activations": top["activations"], "counted": counted,
                     "error": counted / pred["total"] - 1, "base": max(r["base"] for r in mine),
                     "peak_above": max(r["peak_above"] for r in mine), "rank": top["rank"],
-                    "in_flight": top.get("in_flight"), "rebuilt": top.get("rebuilt", 0),
+                    "in_flight": top.get("in_flight"), "rebuilt": top.get("rebuilt", 0), "units": top.get("units"),
                     "step_s": statistics.median(r["step_s"] for r in mine), "flops": top["flops"]})
     return out
 
@@ -99,6 +102,13 @@ def _runs(saved: dict) -> str:
     return "; then ".join(f"`{r['command']}` ({r['when']}, load {r['load']})" for r in runs)
 
 
+def _units(lines: list[dict]) -> str:
+    """Stage 3's units as the planner counts them, and as the run's fully_shard made them."""
+    z3 = [ln for ln in lines if ln["zero"] == 3]
+    return "; ".join(f"{ln['config']}: {ln['pred']['units']} units priced, {ln['units']} in the run"
+                     for ln in z3) or "no stage-3 configuration"
+
+
 def render(saved: dict) -> str:
     lines = compare(saved["rows"])
     machine = run_machine(saved["rows"])
@@ -118,7 +128,11 @@ def render(saved: dict) -> str:
            "left. Step: median measured; predicted from the planner with the rate a matmul reached in the same "
            "run" + (", and the host's fixed costs measured in it too: a compiled call "
                     f"{machine.call * 1e6:.0f} us, an eager op {machine.eager_op * 1e6:.0f} us, an eager Adam update "
-                    f"of one weight {machine.eager_update * 1e6:.0f} us (allreduce/plan/time.py's host term)"
+                    f"of one weight {machine.eager_update * 1e6:.0f} us" + (
+                        f", a hand-off to a worker thread and back {machine.handoff * 1e6:.0f} us and a numpy_function "
+                        f"exit {machine.graph_exit * 1e6:.0f} us (stage 3: 3 and 2 per unit and micro-batch, "
+                        f"{_units(lines)})" if machine.handoff or machine.graph_exit else "")
+                    + " (allreduce/plan/time.py's host term)"
                     if machine.call else " (no host costs measured: the run predates them)") + ".", "",
            "| config | weights pred / counted | state pred / counted | activations pred / counted | total pred / "
            "counted | error | peak above base (base) | step s pred / measured |",

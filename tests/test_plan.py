@@ -181,11 +181,13 @@ def test_keras_top_of_model_and_tfops_stage_3():
     P, U = model.params, model.layer_params()
     assert z3.weights == pytest.approx(4 * P / d + 2 * 4 * U)
     assert z3.grads == pytest.approx(4 * P / d + 4 * U)
-    # its collectives run a unit at a time: the latency is paid per unit (L + 2), the bytes once
+    # its collectives run a unit at a time: the latency is paid per unit, the bytes once; fully_shard
+    # wraps each Keras layer, so L layers + the token and position embeddings, final norm and head
     lay = Layout(data=d, zero=3, recompute="full", micro_batch=b)
     link = Machine(flops=1e9, intra=network.Link(1e-3, 0.0))
     st = step_time(model, lay, FP32, link, stage_params=P)
-    assert st.data == pytest.approx(1.5 * (L + 2) * select.terms("ring", d)[0] * 1e-3)
+    assert st.data == pytest.approx(1.5 * (L + 4) * select.terms("ring", d)[0] * 1e-3)
+    assert any("x 6 units (2 layers + 4 outside them)" in line for line in st.lines)
 
 
 def test_host_term_counts_calls_eager_ops_and_updates():
@@ -202,4 +204,30 @@ def test_host_term_counts_calls_eager_ops_and_updates():
     assert got.host == pytest.approx(8 * 1e-4 + 4 * tensors * 1e-5 + tensors * 1e-3)
     assert any(line.startswith("host: 4 micro-batches") for line in got.lines)
     assert step_time(model, piped, FP32, Machine(flops=1e9), stage_params=1000).host == 0.0
-    assert _host("300us,12us,1.8ms") == pytest.approx((3e-4, 1.2e-5, 1.8e-3))
+    assert _host("300us,12us,1.8ms") == pytest.approx((3e-4, 1.2e-5, 1.8e-3, 0.0, 0.0))
+    assert _host("300us,12us,1.8ms,60us,40us") == pytest.approx((3e-4, 1.2e-5, 1.8e-3, 6e-5, 4e-5))
+
+
+def test_stage_3_units_and_its_hand_offs_and_exits():
+    """ZeRO 3 pays per unit: tfops' fully_shard makes each Keras layer with weights a unit (L layers,
+    the token and position embeddings, the final norm, an untied head: examples/gpt.py has 6 at
+    L = 2, as benchmarks/plan_bench.py counts in its run); Megatron's count is L + 2. Each unit hands
+    3 collectives to the worker thread and leaves the graph twice more, per micro-batch."""
+    from allreduce.plan.time import host_counts, zero3_units
+    keras_gpt = Transformer(2, 64, 4, 32, 128, dropout=False, tied=False, kept="keras")
+    z3 = Layout(data=4, zero=3, recompute="full", micro_batch=2, microbatches=3)
+    assert zero3_units(keras_gpt, z3) == 6
+    assert zero3_units(Transformer(2, 64, 4, 32, 128, tied=True, kept="keras"), z3) == 5
+    assert zero3_units(Transformer(2, 64, 4, 32, 128), z3) == 4
+    assert zero3_units(Transformer(6, 64, 4, 32, 128, kept="keras", tied=False),
+                       Layout(data=2, pipeline=2, zero=3, recompute="full", microbatches=4)) == 3 + 2
+    assert zero3_units(keras_gpt, Layout(data=4, zero=2)) == 1 and zero3_units(Params(1000), z3) == 1
+    n = host_counts(keras_gpt, z3)
+    assert (n.calls, n.ops, n.updates, n.handoffs, n.exits) == (1, 0, 0, 3 * 3 * 6, 2 * 3 * 6)
+    machine = Machine(flops=1e9, call=1e-4, handoff=1e-5, graph_exit=1e-6)
+    got = step_time(keras_gpt, z3, FP32, machine, stage_params=1000)
+    assert got.host == pytest.approx(1e-4 + 54 * 1e-5 + 36 * 1e-6)
+    assert any(line.startswith("host: 1 compiled step, 3 micro-batches x 6 units x (3 hand-offs + 2 exits)")
+               for line in got.lines)
+    plain = Layout(data=4, zero=0, micro_batch=2, microbatches=3)
+    assert step_time(keras_gpt, plain, FP32, machine, stage_params=1000).host == pytest.approx(1e-4)

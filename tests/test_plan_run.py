@@ -52,3 +52,5 @@ def test_plan_predicts_a_real_run():
     assert lines["t2z0"]["weights"] < 0.8 * lines["t1z0"]["weights"]
     assert lines["t1z3"]["activations"] < 0.8 * lines["t1z0"]["activations"]
     assert max(r["in_flight"] for r in rows if r["config"] == "t1p2z0") == 2
+    # stage 3's step is priced per unit: the planner's count of the example's units is fully_shard's
+    assert lines["t1z3"]["pred"]["units"] == lines["t1z3"]["units"] == 2 + 4, lines["t1z3"]

@@ -48,11 +48,12 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
 
 
-def _host(text: str) -> tuple[float, float, float]:
+def _host(text: str) -> tuple[float, float, float, float, float]:
     parts = text.split(",")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"--host takes CALL,OP,UPDATE (three times, e.g. 300us,12us,1.8ms), got {text!r}")
-    return tuple(_seconds(x) for x in parts)
+    if len(parts) not in (3, 5):
+        raise argparse.ArgumentTypeError(f"--host takes CALL,OP,UPDATE[,HANDOFF,EXIT] (e.g. 300us,12us,1.8ms or "
+                                         f"300us,12us,1.8ms,60us,40us), got {text!r}")
+    return tuple(_seconds(x) for x in parts) + (0.0, 0.0)[:5 - len(parts)]
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -97,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "beyond the formula at ZeRO 0-1 (tfops' DistributedOptimizer: 4, the reduced copy)")
     t.add_argument("--extra-state", type=float, default=0.0, help="bytes a parameter / d at ZeRO 1-2 beyond the "
                    "formula (tfops' ShardedOptimizer: 4, the inner optimizer's copy of the slice)")
-    t.add_argument("--host", type=_host, default=(0.0, 0.0, 0.0), metavar="CALL,OP,UPDATE",
+    t.add_argument("--host", type=_host, default=(0.0,) * 5, metavar="CALL,OP,UPDATE[,HANDOFF,EXIT]",
                    help="the host's fixed costs: a call into compiled code, an eager op, an eager optimizer "
-                   "update of one weight tensor (e.g. 300us,12us,1.8ms; default: not counted)")
+                   "update of one weight tensor, and for ZeRO 3 a hand-off to a worker thread and back and a "
+                   "numpy_function exit (e.g. 300us,12us,1.8ms,60us,40us; default: not counted)")
     o = ap.add_argument_group("output")
     o.add_argument("--all", action="store_true", help="also the layouts that do not fit")
     o.add_argument("--top", type=int, default=20, help="rows to print (0: all)")
@@ -137,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in args.recompute if r not in RECOMPUTE]
     if bad:
         raise SystemExit(f"allreduce-plan: --recompute takes {','.join(RECOMPUTE)}, not {bad[0]!r}")
-    call, eager_op, eager_update = args.host
+    call, eager_op, eager_update, handoff, graph_exit = args.host
     machine = Machine(flops=args.flops, memory=args.memory, per_node=args.per_node,
                       intra=args.intra or args.inter, inter=args.inter, call=call, eager_op=eager_op,
-                      eager_update=eager_update)
+                      eager_update=eager_update, handoff=handoff, graph_exit=graph_exit)
     plans = search(model, args.devices, precision, machine, feasible_only=not args.all,
                    extra_grad=args.extra_grad, extra_state_sharded=args.extra_state,
                    global_batch=args.batch, micro_batch=args.micro_batch, tensor=args.tensor,

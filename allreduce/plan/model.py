@@ -135,6 +135,13 @@ class Transformer:
         stage: the final layernorm's two and, untied, the output layer's kernel and bias)."""
         return 2, 2 + (0 if self.tied else 2)
 
+    def edge_units(self) -> tuple[int, int]:
+        """Units of ZeRO 3 outside the layers (each gathered and reduce-scattered on its own):
+        (first stage, last stage). Keras layers (tfops' ``fully_shard`` wraps every layer that
+        holds weights, examples/gpt.py): the token and the position embeddings, the final
+        layernorm and, untied, the head; Megatron's: the embedding and the head."""
+        return (2, 1 + (0 if self.tied else 1)) if self.kept == "keras" else (1, 1)
+
     def describe(self) -> str:
         return (f"{self.name}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads, "
                 f"sequence {self.seq}, vocabulary {self.vocab}: {_count(self.params)} parameters")

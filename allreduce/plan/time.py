@@ -6,6 +6,7 @@
       + m x 3 x T_allreduce(4 s b, t)                  ... and the vocabulary-parallel loss's
       + 2 m x T_send(s b h e)                          pipeline sends, forward and back
       + calls x c + ops x e + tensors x u              the host's own work (when measured)
+      + m x units x (3 h + 2 x)                        ... and stage 3's hand-offs and exits
 
 * F, the step's flops: 3 forward passes' worth (forward, and backward at twice it;
   Narayanan et al. 2021, eq. 3), plus a fourth forward of the layers under full recompute, or
@@ -17,8 +18,10 @@
   for the last micro-batch, so stage 2 reduce-scatters every micro-batch ((m + 1) / 2
   allreduces with the allgather) and stage 3 also gathers the weights for every forward and
   backward (1.5 m). Stage 3 runs its collectives a unit at a time (FSDP, DeepSpeed and tfops'
-  ``fully_shard`` alike): a transformer's stage is L/p layers + 2 units (the embedding, the
-  head), so it pays the latency (L/p + 2) times: 1.5 m x (L/p + 2) x T_allreduce(bytes / units).
+  ``fully_shard`` alike): a transformer's stage is L/p layers + the units outside them
+  (``Transformer.edge_units``: Megatron's embedding and head, 2; Keras layers, which
+  ``fully_shard`` wraps one by one, the token and position embeddings, the final norm and the
+  untied head, 4), so it pays the latency once per unit: 1.5 m x units x T_allreduce(bytes / units).
 * n_tp: 2 allreduces per layer forward and 2 backward (Megatron's f and g), 2 more under full
   recompute; and 2 outside the layers (the vocabulary-parallel embedding's g forward, the head's f
   backward). The vocabulary-parallel loss adds 3 allreduces of s b numbers (the rows' max, the
@@ -31,9 +34,15 @@
   step is 1 call (its collectives' exits from the graph are inside their measured alpha). A
   pipeline stage runs its schedule from the host: per micro-batch a forward call and a backward
   call (2m), its gradients summed over the micro-batches op by op (m x tensors eager ops), and
-  the optimizer applied eagerly (tensors x u); its sends are priced as messages. ``c``, ``e``
-  and ``u`` are inputs (0: not counted; the benchmark measures them on the machine it predicts,
-  as it measures the matmul rate).
+  the optimizer applied eagerly (tensors x u); its sends are priced as messages. Stage 3 (tfops'
+  ``fully_shard``) runs each unit's three collectives on a worker thread, each handed over from
+  a ``numpy_function`` in the compiled step and waited for (``h``: one hand-off to a thread and
+  back), and leaves the graph twice more per unit than its collectives do (``x``: one
+  ``numpy_function`` exit; the weights' release, and the reduce-scatter's wait beside its
+  hand-over): m x units x (3 h + 2 x), the units counted as in T_dp. A collective's own exit is
+  in the direct path's measured alpha. ``c``, ``e``, ``u``, ``h`` and ``x`` are inputs (0: not
+  counted; the benchmark measures them on the machine it predicts, as it measures the matmul
+  rate).
 
 No overlap is assumed: each term is paid in full, an upper bound on a step.
 
@@ -53,7 +62,8 @@ from ..algorithms import network, select
 from .memory import Layout
 from .model import Params, Precision, Transformer
 
-__all__ = ["Machine", "StepTime", "step_time", "allreduce_seconds", "send_seconds", "bubble"]
+__all__ = ["Machine", "StepTime", "step_time", "allreduce_seconds", "send_seconds", "bubble", "zero3_units",
+           "host_counts"]
 
 #: the candidates ``auto`` weighs on one node (``Communicator.auto_candidates``)
 LOCAL_CANDIDATES = ("ring", "tree", "rhd", "rd", "mpi", "shm")
@@ -78,6 +88,8 @@ class Machine:
     call: float = 0.0          #: host seconds of one dispatch (a compiled call, a collective's exit, a message)
     eager_op: float = 0.0      #: host seconds of one eager op
     eager_update: float = 0.0  #: host seconds of an eager optimizer update of one weight tensor
+    handoff: float = 0.0       #: host seconds of one hand-off to a worker thread and back (stage 3's collectives)
+    graph_exit: float = 0.0    #: host seconds of one numpy_function exit from compiled code
 
 
 @dataclass
@@ -136,17 +148,41 @@ def _dp_allreduces(zero: int, m: int) -> tuple[float, str]:
     return 1.5 * m, f"per micro-batch x {m}: gather weights twice, reduce-scatter the gradients"
 
 
-def _host_counts(model: Transformer, layout: Layout) -> tuple[float, float, float, str]:
-    """The host's dispatches in one step of the fullest stage (the module docstring): calls, eager
-    ops, eager optimizer updates, and the reason in words."""
+def zero3_units(model: Params | Transformer, layout: Layout) -> int:
+    """Units the fullest stage gathers and reduce-scatters one at a time at ZeRO 3: its L/p layers
+    and the units outside them (``Transformer.edge_units``; the larger edge's in a pipeline); 1
+    below stage 3, or for a model known only by its parameter count."""
+    if layout.zero < 3 or not isinstance(model, Transformer):
+        return 1
+    first, last = model.edge_units()
+    p = layout.pipeline
+    return -(-model.layers // p) + (first + last if p == 1 else max(first, last))
+
+
+@dataclass(frozen=True)
+class HostCounts:
+    """The host's dispatches in one step of the fullest stage (the module docstring)."""
+    calls: float
+    ops: float
+    updates: float
+    handoffs: float
+    exits: float
+    why: str
+
+
+def host_counts(model: Transformer, layout: Layout) -> HostCounts:
+    """Calls into compiled code, eager ops, eager optimizer updates, stage 3's hand-offs to its
+    worker thread and its extra ``numpy_function`` exits, and the reason in words."""
     p, m = layout.pipeline, layout.microbatches
     if p == 1:
-        return 1.0, 0.0, 0.0, "1 compiled step"
+        units = zero3_units(model, layout) if layout.zero == 3 else 0
+        why = "1 compiled step" + (f", {m} micro-batches x {units} units x (3 hand-offs + 2 exits)" if units else "")
+        return HostCounts(1.0, 0.0, 0.0, 3.0 * m * units, 2.0 * m * units, why)
     first, last = model.edge_tensors()
     tensors = -(-model.layers // p) * model.layer_tensors() + max(first, last)
-    return (2.0 * m, float(m * tensors), float(tensors),
-            f"{m} micro-batches x (a forward and a backward call), {tensors} weight tensors summed over the "
-            f"micro-batches and updated eagerly")
+    return HostCounts(2.0 * m, float(m * tensors), float(tensors), 0.0, 0.0,
+                      f"{m} micro-batches x (a forward and a backward call), {tensors} weight tensors summed over "
+                      f"the micro-batches and updated eagerly")
 
 
 def step_flops(model: Transformer, layout: Layout, global_batch: int) -> float:
@@ -167,15 +203,16 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
     out, lines = StepTime(bubble=bubble(layout)), []
     grad_bytes = stage_params * precision.grad
     dp_nodes = -(-d // max(1, machine.per_node // t))       # a data group's ranks are t apart
-    units = -(-model.layers // p) + 2 if layout.zero == 3 and isinstance(model, Transformer) else 1
+    units = zero3_units(model, layout)
     ar = allreduce_seconds(grad_bytes / units, d, machine, nodes=dp_nodes,
                            link=machine.gradients if layout.zero < 3 else None)
     times, why = _dp_allreduces(layout.zero, m)
     out.data = ar * times * units
     per = f" / {units} units" if units > 1 else ""
+    inside = -(-model.layers // p) if units > 1 else 0
+    each = f" x {units} units ({inside} layers + {units - inside} outside them)" if units > 1 else ""
     lines.append(f"data: allreduce of {grad_bytes:.4g} B{per} over d {d}{f' on {dp_nodes} nodes' if dp_nodes > 1 else ''}"
-                 f" = {ar * 1e3:.4g} ms, x {times:g} ({why}){f' x {units} units' if units > 1 else ''}"
-                 f" = {out.data * 1e3:.4g} ms")
+                 f" = {ar * 1e3:.4g} ms, x {times:g} ({why}){each} = {out.data * 1e3:.4g} ms")
     if isinstance(model, Transformer):
         global_batch = d * m * layout.micro_batch
         flops = step_flops(model, layout, global_batch)
@@ -199,12 +236,15 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
             out.pipeline = 2 * m * one
             lines.append(f"pipeline: 2 x {m} micro-batches x {one * 1e3:.4g} ms a send of {act:.4g} B = "
                          f"{out.pipeline * 1e3:.4g} ms")
-        if machine.call or machine.eager_op or machine.eager_update:
-            calls, ops, tensors, why = _host_counts(model, layout)
-            out.host = calls * machine.call + ops * machine.eager_op + tensors * machine.eager_update
-            lines.append(f"host: {why}: {calls:g} calls x {machine.call * 1e6:.4g} us + {ops:g} eager ops x "
-                         f"{machine.eager_op * 1e6:.4g} us + {tensors:g} eager updates x "
-                         f"{machine.eager_update * 1e6:.4g} us = {out.host * 1e3:.4g} ms")
+        if machine.call or machine.eager_op or machine.eager_update or machine.handoff or machine.graph_exit:
+            n = host_counts(model, layout)
+            out.host = (n.calls * machine.call + n.ops * machine.eager_op + n.updates * machine.eager_update
+                        + n.handoffs * machine.handoff + n.exits * machine.graph_exit)
+            stage3 = (f" + {n.handoffs:g} hand-offs x {machine.handoff * 1e6:.4g} us + {n.exits:g} exits x "
+                      f"{machine.graph_exit * 1e6:.4g} us" if n.handoffs or n.exits else "")
+            lines.append(f"host: {n.why}: {n.calls:g} calls x {machine.call * 1e6:.4g} us + {n.ops:g} eager ops x "
+                         f"{machine.eager_op * 1e6:.4g} us + {n.updates:g} eager updates x "
+                         f"{machine.eager_update * 1e6:.4g} us{stage3} = {out.host * 1e3:.4g} ms")
     lines.append(f"step: {out.total * 1e3:.4g} ms")
     out.lines = tuple(lines)
     return out
