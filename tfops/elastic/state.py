@@ -127,20 +127,21 @@ class TensorFlowKerasState(ObjectState):
     def _restore_tensors(self) -> None:
         if self._stage3:              # remembered; cut into the pieces (re-cut if the world changed) at the sync
             self._stage3.restore(self.model, self.optimizer, self._saved_model, self._saved_opt)
-            if getattr(self.model, "train_function", None) is not None:
-                self.model.train_function = None    # model.fit traces anew: the old trace holds the old pieces
-            return
+            return self._drop_train_function()
         self.model.set_weights(self._saved_model)
         if hasattr(self.optimizer, "elastic_restore"):          # re-sharded at its next step
             self.optimizer.elastic_restore(self._saved_opt)
-            if getattr(self.model, "train_function", None) is not None:
-                self.model.train_function = None    # model.fit traces anew: the old trace holds the old layout
-            return
+            return self._drop_train_function()
         unbuilt = self.optimizer is not None and not getattr(self.optimizer, "built", True)
         if unbuilt and len(self._saved_opt) > len(self._opt_variables()):
             # a replacement (regrow) syncing before its first step: make the slots rank 0 has
             _build_alone(self.optimizer, self.model.trainable_variables)
         _assign(self._opt_variables(), self._saved_opt, "optimizer")
+
+    def _drop_train_function(self) -> None:
+        """Sharded layouts change at a reset: model.fit traces anew (the old trace holds the old pieces)."""
+        if getattr(self.model, "train_function", None) is not None:
+            self.model.train_function = None
 
     def save(self) -> None:
         self._save_tensors()
