@@ -9,7 +9,9 @@ for every launch:
 * every survivor prints its final state: exactly the expected survivors, bitwise
   identical, and equal to a numpy replay of the committed lineage (SGD with
   momentum; the state records the world size of every step it kept);
-* every death was noticed within a bounded time (DETECT_BOUND) of the kill.
+* every death was noticed through the death path, well inside any timeout
+  (DETECT_BOUND; how fast, on a quiet machine, is ``benchmarks/elastic_bench.py``'s
+  ``detection`` column, not a timed test).
 
 Plus: a spawn that fails is said once and the job goes on at its size; below
 ``--min-np`` every survivor exits non-zero naming the dead rank and the last
@@ -32,7 +34,12 @@ import pytest
 from allreduce.elastic import launch
 from tests.harness import MPI_SCRIPTS, kill_tagged, mpi_env
 
-DETECT_BOUND = 5.0      # seconds from a SIGKILL to the survivors' recovery line (goal: a few seconds)
+#: Seconds from a SIGKILL to the survivors' recovery line. Not a speed goal (that is
+#: elastic_bench.py's detection, 0.004-0.09 s in BENCHMARKS.md's runs): a correctness bound, half of the first timeout that
+#: could also end the wait (ALLREDUCE_TIMEOUT / the hang bound / STEP_BOUND, 30 s), so a death caught
+#: only by a timeout fails. It was 5 s and failed once in CI at 6.19 s under the suite's load (6 ranks
+#: on 2 cores beside a TensorFlow launch; stop 48, 2026-12-07).
+DETECT_BOUND = 15.0
 TIMEOUT = 240.0         # per launch; the machine is shared, and a hang must fail, not hang the suite
 
 _spec = importlib.util.spec_from_file_location("elastic_train", MPI_SCRIPTS / "elastic_train.py")
@@ -142,13 +149,16 @@ def test_survivors_restore_the_last_commit_and_finish(case):
     joined = [int(r) for r in re.findall(r"\(name (\d+)\)(?=[^;]* joined at)", summary[-1])]
     assert joined == (list(range(np_, np_ + len(dead))) if max_np else []), summary[-1]
     # detection: each recovery line comes within DETECT_BOUND of its kill
-    killed = sorted(float(t) for t in re.findall(r"^KILL \d+ step -?\d+ \w+ at ([\d.]+)$", result.stdout, re.M))
-    noticed = sorted(_seconds_of_day(t.split()[0]) for t in re.findall(r"noticed at ([\d:.]+ UTC)", result.stderr))
+    killed = sorted((float(t), line) for line, t in
+                    re.findall(r"^(KILL \d+ step -?\d+ \w+ at ([\d.]+))$", result.stdout, re.M))
+    noticed = sorted((_seconds_of_day(t.split()[0]), line) for line, t in
+                     re.findall(r"^(.*noticed at ([\d:.]+ UTC).*)$", result.stderr, re.M))
     assert len(killed) == len(noticed) == len(dead), text[-3000:]
-    for kill, seen in zip(killed, noticed):
+    for (kill, kill_line), (seen, seen_line) in zip(killed, noticed):
         day = datetime.fromtimestamp(kill, timezone.utc)
         lag = (seen - (day.hour * 3600 + day.minute * 60 + day.second + day.microsecond / 1e6)) % 86400
-        assert lag < DETECT_BOUND, f"a death was noticed {lag:.2f} s after the kill"
+        assert lag < DETECT_BOUND, (f"a death was noticed {lag:.2f} s after the kill: {kill_line!r} -> "
+                                    f"{seen_line.strip()!r}\n{text[-3000:]}")
 
 
 def test_a_failed_spawn_is_said_and_the_job_goes_on_at_its_size():
