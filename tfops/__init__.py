@@ -63,7 +63,11 @@ Keras callbacks turn ``model.jit_compile`` off with a warning.
 """
 from __future__ import annotations
 
-import allreduce as _ar
+from ._autograph import leave_unconverted as _leave_unconverted
+
+_leave_unconverted()     # AutoGraph does not rewrite tfops' functions, as it does not TF's and Keras's
+
+import allreduce as _ar  # noqa: E402
 from allreduce import CommHook, OneBit, PowerSGD   # comm_hook=: the engine's hooks, not in Horovod (issue 32)
 
 # tfops.collectives: the collectives on tensors, and the one way down to the engine (dispatch)
