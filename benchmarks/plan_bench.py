@@ -26,7 +26,9 @@ dropped before the next is built). Per configuration and rank it measures
   hand-offs and exits per unit, counted from the model's shape: the two must agree).
 
 Before the configurations, every rank at once: the matmul rate, the alpha and beta of the two
-paths of collectives, and the host's fixed costs (``_host_costs``).
+paths of collectives one allreduce per compiled call, the direct path's again with many
+allreduces in a row in one call (``_in_step``: as the split layers issue them), and the host's
+fixed costs (``_host_costs``).
 
 The planner's prediction for the same layout (float32 Adam, no dropout, untied head, the example's
 shape) stands beside each. Gradients are not a live object after the step, so the table puts the
@@ -48,7 +50,7 @@ import time
 from pathlib import Path
 
 from plan_counts import SEED, kept_activation_bytes, rebuilt_activation_bytes
-from plan_section import MICRO_BATCHES, compare, predict, render  # noqa: F401 (the tests read them here)
+from plan_section import IN_STEP, MICRO_BATCHES, compare, predict, render  # noqa: F401 (the tests read them here)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "plan.json"
@@ -115,16 +117,54 @@ def _link(tf, op_of, p: int) -> tuple[float, float]:
     return alpha, beta
 
 
-def _links(tf, tfops, parallel) -> dict:
+def _in_step(tf, op_of, p: int, elements: int) -> tuple[float, float]:
+    """(alpha, beta) of one path's allreduce inside a compiled step, every rank at once. A step's
+    tensor-parallel allreduces follow one another inside one compiled call (f, g, f, g, ...), so
+    none of them pays the call's entry and return, or the first collective's wait for the last
+    rank to arrive, which ``_link`` times with each allreduce. Per size (4 bytes, and ``elements``
+    float32s: a split layer's activation) the median of 7 calls of a tf.function that runs k
+    allreduces in a row, each on the last one's output, for k = 4 and 20 (``IN_STEP``): (T20 - T4) / 16
+    is one message's cost with none of the call's. The ring's terms fitted to the two sizes, as ``_link``."""
+    if p == 1:
+        return 0.0, 0.0
+    per = {}
+    for n in (1, elements):
+        x = tf.zeros([n])
+        took = {}
+        for k in IN_STEP:
+            @tf.function
+            def chain(x=x, k=k):
+                for _ in range(k):
+                    x = op_of(x)
+                return x
+            chain()
+            runs = []
+            for _ in range(7):
+                start = time.perf_counter()
+                chain().numpy()
+                runs.append(time.perf_counter() - start)
+            took[k] = statistics.median(runs)
+        per[n] = max(0.0, took[IN_STEP[1]] - took[IN_STEP[0]]) / (IN_STEP[1] - IN_STEP[0])
+    alpha = per[1] / (2 * (p - 1))
+    beta = max(0.0, per[elements] - per[1]) / (2 * (p - 1) / p * 4 * elements)
+    return alpha, beta
+
+
+def _links(tf, tfops, parallel, elements: int) -> dict:
     """The run's two paths: the engine's (tfops.allreduce: DistributedGradientTape's gradients) and a
     tensor region's direct call (the split layers; stage 3's units and the pipeline's sends call
-    the communicator directly too)."""
+    the communicator directly too), each timed one allreduce per compiled call; and the direct
+    path again as the split layers issue it, many in a row inside one call (``_in_step``, at
+    ``elements``, the largest split layer's activation)."""
     from tfops.parallel import regions
     p = tfops.size()
     mesh = parallel.Mesh(tensor=p)
+    direct = lambda x: regions.allreduce_sum(x, mesh, "plan_bench link")       # noqa: E731
     alpha, beta = _link(tf, lambda x: tfops.allreduce(x, name=f"plan_bench.link.{x.shape[0]}"), p)
-    alpha_d, beta_d = _link(tf, lambda x: regions.allreduce_sum(x, mesh, "plan_bench link"), p)
-    return {"alpha": alpha, "beta": beta, "alpha_direct": alpha_d, "beta_direct": beta_d}
+    alpha_d, beta_d = _link(tf, direct, p)
+    alpha_s, beta_s = _in_step(tf, direct, p, elements)
+    return {"alpha": alpha, "beta": beta, "alpha_direct": alpha_d, "beta_direct": beta_d,
+            "alpha_in_step": alpha_s, "beta_in_step": beta_s}
 
 
 def _host_costs(tf, keras) -> dict:
@@ -289,7 +329,7 @@ def worker(args) -> None:
     tfops.init()
     ids, vocab = gpt.text_and_vocab()
     rate = _matmul_rate(tf, tfops, args.hidden)                      # also loads the runtime's kernels
-    links = _links(tf, tfops, parallel)
+    links = _links(tf, tfops, parallel, args.seq * args.batch * args.hidden)   # tensor np's activation (d 1)
     host = _host_costs(tf, keras)
     meshes = {}
     for name in args.configs.split(","):

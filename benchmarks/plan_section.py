@@ -8,7 +8,9 @@ The model is the example's: float32 Adam, no dropout, untied head, Keras layers 
 tfops keeps the inner optimizer's copy of the slice at stages 1-2 (4 bytes a parameter, sharded)
 and its stage 3 re-runs every unit in backward (recompute "full"). The machine is the run's own:
 the median over its rows of the matmul rate and of the alpha and beta its allreduces took, by
-the engine (the data group's gradients at ZeRO 0-2) and by a direct call (every other collective).
+the engine (the data group's gradients at ZeRO 0-2) and by a direct call (every other collective),
+one per compiled call; and of the direct call's many in a row inside one compiled call, which prices
+tensor parallelism's allreduces (``Machine.in_step``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import statistics
 
 MIB = float(1 << 20)
 MICRO_BATCHES = 4                 #: per step, for the pipeline configurations (gpt.py --micro-batches)
+IN_STEP = (4, 20)                 #: allreduces in a row in one compiled call (plan_bench._in_step), two k
 
 __all__ = ["predict", "run_machine", "compare", "orders", "ordering_agrees", "render"]
 
@@ -41,8 +44,9 @@ def predict(row: dict, machine=None) -> dict:
 
 def run_machine(rows: list[dict]):
     """The planner's Machine for a run: the median over its rows of the matmul rate and, where the run
-    measured them, of its two paths' alpha and beta (else select.py's table prices them) and of the
-    host's fixed costs (a compiled call, an eager op, an eager Adam update of one weight, a hand-off
+    measured them, of its two paths' alpha and beta (else select.py's table prices them), of the
+    direct path's inside a compiled step (tensor parallelism's allreduces) and of the host's fixed
+    costs (a compiled call, an eager op, an eager Adam update of one weight, a hand-off
     to a worker thread and back, a numpy_function exit)."""
     from allreduce.algorithms.network import Link
     from allreduce.plan import Machine
@@ -55,7 +59,8 @@ def run_machine(rows: list[dict]):
     def link(suffix: str) -> Link:
         return Link(statistics.median(r["alpha" + suffix] for r in rows),
                     statistics.median(r["beta" + suffix] for r in rows), "measured")
-    return Machine(flops=flops, intra=link("_direct"), gradients=link(""), **host)
+    in_step = link("_in_step") if all("alpha_in_step" in r for r in rows) else None
+    return Machine(flops=flops, intra=link("_direct"), gradients=link(""), in_step=in_step, **host)
 
 
 def compare(rows: list[dict]) -> list[dict]:
@@ -133,7 +138,14 @@ def render(saved: dict) -> str:
                         f"exit {machine.graph_exit * 1e6:.0f} us (stage 3: 3 and 2 per unit and micro-batch, "
                         f"{_units(lines)})" if machine.handoff or machine.graph_exit else "")
                     + " (allreduce/plan/time.py's host term)"
-                    if machine.call else " (no host costs measured: the run predates them)") + ".", "",
+                    if machine.call else " (no host costs measured: the run predates them)") + "."
+           + (f" Tensor parallelism's allreduces are priced by the direct path inside a compiled step: "
+              f"{machine.in_step.alpha * 1e6:.0f} us a message and " + (
+                  f"{8 / machine.in_step.beta / 1e9:.3g} Gbit/s" if machine.in_step.beta > 0 else
+                  f"nothing measurable a byte ({4 * a['seq'] * a['batch'] * a['hidden'] >> 10} KiB no slower than 4 B)")
+              + f" (the ring's terms fitted to {IN_STEP[1]} less {IN_STEP[0]} allreduces in a row in one call; "
+              f"one allreduce per call: {machine.intra.alpha * 1e6:.0f} us a message and "
+              f"{8 / machine.intra.beta / 1e9:.3g} Gbit/s)." if machine.in_step is not None else ""), "",
            "| config | weights pred / counted | state pred / counted | activations pred / counted | total pred / "
            "counted | error | peak above base (base) | step s pred / measured |",
            "|---|---|---|---|---|---|---|---|"]

@@ -231,3 +231,34 @@ def test_stage_3_units_and_its_hand_offs_and_exits():
                for line in got.lines)
     plain = Layout(data=4, zero=0, micro_batch=2, microbatches=3)
     assert step_time(keras_gpt, plain, FP32, machine, stage_params=1000).host == pytest.approx(1e-4)
+
+
+def test_tensor_allreduces_are_priced_by_the_link_inside_a_step(capsys):
+    """Tensor parallelism's allreduces run many in a row inside one compiled step; ``Machine.in_step``
+    (measured by benchmarks/plan_bench.py that way) prices them, and only them: the data group's
+    exchange, stage 3's units and the pipeline's sends keep ``intra``. Without it, ``intra``."""
+    model = Transformer(2, 64, 4, 32, 128, dropout=False, tied=False, kept="keras")
+    slow, fast = network.Link(1e-3, 1e-9), network.Link(1e-4, 0.5e-9)
+    lay = Layout(data=1, tensor=4, micro_batch=4, microbatches=2)
+    act, loss = 32 * 4 * 64 * 4, 4 * 32 * 4                  # s b h fp32; the loss's s b numbers
+    a, b, _ = select.terms("ring", 4)
+
+    def ring(link, nbytes):
+        return a * link.alpha + b * nbytes * link.beta
+    got = step_time(model, lay, FP32, Machine(flops=1e9, intra=slow, in_step=fast), stage_params=1000)
+    assert got.tensor == pytest.approx(2 * ((4 * 2 + 2) * ring(fast, act) + 3 * ring(fast, loss)))
+    assert any(f"over t 4, in a step: {fast}" in line for line in got.lines)
+    plain = step_time(model, lay, FP32, Machine(flops=1e9, intra=slow), stage_params=1000)
+    assert plain.tensor == pytest.approx(2 * ((4 * 2 + 2) * ring(slow, act) + 3 * ring(slow, loss)))
+    assert got.tensor < plain.tensor / 5
+    # the other paths do not take it
+    for other in (Layout(data=4, zero=3, recompute="full", micro_batch=4), Layout(data=2, pipeline=2, microbatches=4)):
+        with_it = step_time(model, other, FP32, Machine(flops=1e9, intra=slow, in_step=fast), stage_params=1000)
+        without = step_time(model, other, FP32, Machine(flops=1e9, intra=slow), stage_params=1000)
+        assert (with_it.data, with_it.pipeline, with_it.total) == (without.data, without.pipeline, without.total)
+    # the command line: --in-step, shown by --explain on the tensor line
+    assert main(["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128", "--devices", "4",
+                 "--precision", "fp32", "--tensor", "4", "--zero", "0", "--recompute", "none", "--flops", "1e9",
+                 "--intra", "8gbit,1ms", "--in-step", "8gbit,190us", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "in a step: 8 Gbit/s, 190 us per message (configured)" in out

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--intra", type=parse_link, help="link inside a node: 1200gbit,5us (default: this "
                    "machine's measured cost model)")
     d.add_argument("--inter", type=parse_link, help="link between nodes: 200gbit,10us")
+    d.add_argument("--in-step", type=parse_link, metavar="LINK", help="inside a node, the link tensor "
+                   "parallelism's allreduces see, many in a row inside one compiled step (benchmarks/plan_bench.py "
+                   "measures it): 4gbit,190us (default: --intra)")
     t = ap.add_argument_group("training")
     t.add_argument("--precision", choices=sorted(PRECISIONS), default="mixed")
     t.add_argument("--batch", type=int, default=0, help="global batch, in sequences")
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     call, eager_op, eager_update, handoff, graph_exit = args.host
     machine = Machine(flops=args.flops, memory=args.memory, per_node=args.per_node,
                       intra=args.intra or args.inter, inter=args.inter, call=call, eager_op=eager_op,
-                      eager_update=eager_update, handoff=handoff, graph_exit=graph_exit)
+                      eager_update=eager_update, handoff=handoff, graph_exit=graph_exit, in_step=args.in_step)
     plans = search(model, args.devices, precision, machine, feasible_only=not args.all,
                    extra_grad=args.extra_grad, extra_state_sharded=args.extra_state,
                    global_batch=args.batch, micro_batch=args.micro_batch, tensor=args.tensor,

@@ -53,6 +53,15 @@ alpha-beta-gamma lines), a send the ring's alpha + n beta. With links given
 (``network.parse_link``: "300gbit,5us"), an allreduce is the ring's terms (``select.terms``)
 over the slowest link its group crosses, as ``network.cross_terms`` counts the bytes through
 a host's link. Rank order is Megatron's: tensor fastest, then data, then pipeline.
+
+Tensor parallelism's allreduces follow one another inside one compiled step (f, g, f, g, ...),
+so none of them pays a call into compiled code, or the first collective's wait for the last rank,
+of its own. ``Machine.in_step`` is the link they see there, measured as the split layers issue
+them (``plan_bench.py``: k allreduces in a row in one ``tf.function``, for two k; the difference
+/ the difference in k is one message). On this 2-core machine (three runs, 2026-12-07 18:56-19:01
+UTC, -np 4) that is 145-243 us a ring message, 0.9-1.5 ms an allreduce over 4 ranks, and a
+split layer's 512 KiB no slower than 4 bytes; one allreduce per compiled call reads 351-491 us a
+message, 2.1-2.9 ms an allreduce. None: ``intra``.
 """
 from __future__ import annotations
 
@@ -90,6 +99,7 @@ class Machine:
     eager_update: float = 0.0  #: host seconds of an eager optimizer update of one weight tensor
     handoff: float = 0.0       #: host seconds of one hand-off to a worker thread and back (stage 3's collectives)
     graph_exit: float = 0.0    #: host seconds of one numpy_function exit from compiled code
+    in_step: network.Link | None = None   #: on one node, tensor parallelism's link inside a step; None: intra
 
 
 @dataclass
@@ -224,12 +234,14 @@ def step_time(model: Params | Transformer, layout: Layout, precision: Precision,
         n_tp = 6 if layout.recompute == "full" else 4
         layers = -(-model.layers // p)
         tp_nodes = -(-t // machine.per_node)
-        tp_one = allreduce_seconds(act, t, machine, nodes=tp_nodes)
-        loss_one = allreduce_seconds(4 * model.seq * layout.micro_batch, t, machine, nodes=tp_nodes)
+        tp_one = allreduce_seconds(act, t, machine, nodes=tp_nodes, link=machine.in_step)
+        loss_one = allreduce_seconds(4 * model.seq * layout.micro_batch, t, machine, nodes=tp_nodes,
+                                     link=machine.in_step)
         out.tensor = m * ((n_tp * layers + 2) * tp_one + 3 * loss_one)
         if t > 1:
+            by = f", in a step: {machine.in_step}" if machine.in_step is not None and tp_nodes <= 1 else ""
             lines.append(f"tensor: {m} micro-batches x ((({n_tp} allreduces x {layers} layers + 2) x "
-                         f"{tp_one * 1e3:.4g} ms ({act:.4g} B over t {t}) + 3 x {loss_one * 1e3:.4g} ms "
+                         f"{tp_one * 1e3:.4g} ms ({act:.4g} B over t {t}{by}) + 3 x {loss_one * 1e3:.4g} ms "
                          f"(the loss's)) = {out.tensor * 1e3:.4g} ms")
         if p > 1:
             one = send_seconds(act, machine, spans_nodes=t * d >= machine.per_node)
