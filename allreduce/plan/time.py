@@ -59,9 +59,9 @@ so none of them pays a call into compiled code, or the first collective's wait f
 of its own. ``Machine.in_step`` is the link they see there, measured as the split layers issue
 them (``plan_bench.py``: k allreduces in a row in one ``tf.function``, for two k; the difference
 / the difference in k is one message). On this 2-core machine (three runs, 2026-12-07 18:56-19:01
-UTC, -np 4) that is 145-243 us a ring message, 0.9-1.5 ms an allreduce over 4 ranks, and a
-split layer's 512 KiB no slower than 4 bytes; one allreduce per compiled call reads 351-491 us a
-message, 2.1-2.9 ms an allreduce. None: ``intra``.
+UTC, -np 4; the median over the ranks) that is 145-243 us a ring message, 0.9-1.5 ms an
+allreduce over 4 ranks, and a split layer's 512 KiB at most 0.03 ms more than 4 bytes; one
+allreduce per compiled call reads 351-491 us a message, 2.1-2.9 ms an allreduce. None: ``intra``.
 """
 from __future__ import annotations
 
