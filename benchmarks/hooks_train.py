@@ -7,7 +7,7 @@
     allreduce-run -np 2 python benchmarks/hooks_train.py            # one node: where hooks do not pay
 
 The model: a ReLU MLP 64 -> 2048 -> 2048 -> 10 (4.35 M float32 parameters: 17 MB of gradients
-a step, against ~0.3 GFLOP of forward and backward at 16 samples per rank) on scikit-learn's
+a step, against ~0.3 GFLOP of forward and backward at 16 samples per rank) on the 8x8 handwritten
 digits (1437 training and 360 test images, examples/keras_digits.py's split), SGD with momentum
 0.9, a global batch of 32, ``--steps`` steps. Every method trains from the same initial weights
 on the same batches in the same order, in one ``tf.function`` step per batch with

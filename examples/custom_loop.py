@@ -6,7 +6,7 @@
     mpirun -np 2 python examples/custom_loop.py            # same global batch, half each
     mpirun -np 2 python examples/custom_loop.py --hooks    # allreduce overlapped with backprop
 
-Data: scikit-learn's digits (no download), shuffled once, sharded by rank.
+Data: the 8x8 handwritten digits (examples/digits.py), shuffled once, sharded by rank.
 Before the first step every rank takes rank 0's weights and optimizer state
 (``broadcast_variables``); after it, the averaged gradients keep them equal.
 With ``--hooks`` the gradients go through :class:`tfops.GradientHooks`:

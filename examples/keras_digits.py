@@ -1,11 +1,11 @@
-"""Keras ``model.fit`` on scikit-learn's digits, data-parallel with tfops (Horovod's keras_mnist.py).
+"""Keras ``model.fit`` on the 8x8 handwritten digits, data-parallel with tfops (Horovod's keras_mnist.py).
 
 ::
 
     python examples/keras_digits.py                  # one process
     mpirun -np 2 python examples/keras_digits.py     # two ranks, each trains on its half
 
-The data (1797 8x8 digits, shipped with scikit-learn: no download) is
+The data (1797 8x8 digits, shipped with the project: examples/digits.py) is
 shuffled once with a fixed seed and sharded by rank (``x[rank::size]``). The
 global batch is fixed, so each rank takes ``batch_size / size`` samples per
 step (the remainder of the data that does not fill a global batch is
@@ -28,6 +28,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tfops.keras as hvd  # noqa: E402   (was: import horovod.tensorflow.keras as hvd)
+
+import digits  # noqa: E402   (this folder: the data, shipped with the project)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,13 +56,7 @@ def comm_hook(args: argparse.Namespace):
 
 def load_data(seed: int):
     """(x_train, y_train, x_test, y_test): 80/20 split of the shuffled digits, pixels in [0, 1]."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    order = np.random.default_rng(seed).permutation(len(digits.target))
-    x = (digits.data[order] / 16.0).astype(np.float32)
-    y = digits.target[order].astype(np.int64)
-    cut = int(0.8 * len(y))
-    return x[:cut], y[:cut], x[cut:], y[cut:]
+    return digits.split(seed)
 
 
 def build_model(seed: int) -> keras.Model:

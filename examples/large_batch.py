@@ -1,4 +1,4 @@
-"""Large batches on scikit-learn's digits: plain SGD, the linear scaling rule, warmup, LARS and LAMB.
+"""Large batches on the 8x8 handwritten digits: plain SGD, the linear scaling rule, warmup, LARS and LAMB.
 
 ::
 
@@ -8,7 +8,7 @@
     allreduce-run -np 2 python examples/large_batch.py --tiny           # the test's smoke run
 
 One model (an MLP, 64-128-64-10) is trained from the same initial weights, on the same data (1436
-8x8 digits, shipped with scikit-learn: no download; 360 held out), for the same number of epochs,
+8x8 digits, shipped with the project: examples/digits.py; 360 held out), for the same number of epochs,
 at every global batch size, by five methods. A fixed number of epochs is the point: a batch k times
 larger makes k times fewer steps, and the question is how much accuracy each method keeps.
 
@@ -49,6 +49,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import digits  # noqa: E402   (this folder: the data, shipped with the project)
 import tfops.keras as hvd  # noqa: E402
 from large_batch_plot import draw  # noqa: E402   (this folder, TensorFlow-free: docs/figures/make.py uses it too)
 from tfops.optimizers import LARS  # noqa: E402
@@ -125,13 +126,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_data(seed: int):
     """(x_train, y_train, x_test, y_test): 80/20 split of the shuffled digits, pixels in [0, 1]."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    order = np.random.default_rng(seed).permutation(len(digits.target))
-    x = (digits.data[order] / 16.0).astype(np.float32)
-    y = digits.target[order].astype(np.int64)
-    cut = int(0.8 * len(y))
-    return x[:cut], y[:cut], x[cut:], y[cut:]
+    return digits.split(seed)
 
 
 def build_model(seed: int) -> keras.Model:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
@@ -20,6 +22,9 @@ import tensorflow as tf  # noqa: E402
 
 from tfops.optimizers import LARS  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import digits  # noqa: E402   (examples/digits.py: the data, shipped with the project)
+
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -27,9 +32,8 @@ def main(argv=None) -> None:
     parser.add_argument("--eta", type=float, default=0.001)
     parser.add_argument("--clip", action="store_true", help="LARC clipping: rate min(trust, lr)")
     args = parser.parse_args(argv)
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    x, y = (digits.data[:256] / 16.0).astype("float32"), digits.target[:256]
+    data, target = digits.load()
+    x, y = (data[:256] / 16.0).astype("float32"), target[:256]
     keras.utils.set_random_seed(0)
     # the lab's model; names fixed so that a second run in one process prints the same ones
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu", name="dense"),
