@@ -56,21 +56,28 @@ STEP_BOUND = "30"       # ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT here: a rank stuck 
 
 #: Open MPI's own faults after a rank dies, not the library's: the elastic watchdog's "stuck inside
 #: Open MPI" (ULFM + tcp deadlock, allreduce/elastic/watchdog.py; 2 in 25 runs of one case before
-#: native.py's eager pieces, 0 in 50 after), and libnbc aborting a nonblocking schedule after a
+#: native.py's eager pieces, 0 in 50 after); libnbc aborting a nonblocking schedule after a
 #: failure and then the survivor's heap corrupted inside Open MPI (seen once, the fresh-clone suite at
 #: 17:35 UTC on 2026-12-07, a parent killed inside MPI_Comm_spawn, under load: "NBC_Progress: an
-#: error 75 ...", "corrupted size vs. prev_size", mpirun -6; 0 in 6 runs alone after it).
-OPEN_MPI_FAULTS = ("stuck inside Open MPI", "NBC_Progress: an error")
+#: error 75 ...", "corrupted size vs. prev_size", mpirun -6; 0 in 6 runs alone after it); and mpirun
+#: itself ended by a signal (the launcher's "mpirun exited with -11"/"-6": Open MPI's runtime, prterun,
+#: crashed; no code of ours runs in it. Seen once, the same test in the fresh-clone suite at 19:25 UTC on
+#: 2026-12-07 under load, after libevent's "Epoll ADD(4) on fd 17 failed ... Bad file descriptor").
+OPEN_MPI_FAULTS = ("stuck inside Open MPI", "NBC_Progress: an error", "(mpirun exited with -11)",
+                   "(mpirun exited with -6)")
 
 
-def launch_job(np_: int, kills: str, *extra: str, retry_if_stuck: bool = False, **kwargs) -> subprocess.CompletedProcess:
-    """One launch; with ``retry_if_stuck``, ONE more launch when, and only when, the first failed
-    with one of :data:`OPEN_MPI_FAULTS` in its output. Any other failure, or a second such launch,
-    fails the test."""
+def launch_job(np_: int, kills: str, *extra: str, retry_if_stuck: bool = False, retries: int = 1,
+               **kwargs) -> subprocess.CompletedProcess:
+    """One launch; with ``retry_if_stuck``, up to ``retries`` more launches when, and only when, the
+    last one failed with one of :data:`OPEN_MPI_FAULTS` in its output. Any other failure, or one such
+    fault more than ``retries``, fails the test."""
     result = _launch(np_, kills, *extra, **kwargs)
-    fault = [line for line in result.stderr.splitlines() if any(f in line for f in OPEN_MPI_FAULTS)]
-    if retry_if_stuck and result.returncode != 0 and fault:
-        print(f"RETRY (once): the first launch failed inside Open MPI: {fault[:2]}")
+    for _ in range(retries if retry_if_stuck else 0):
+        fault = [line for line in result.stderr.splitlines() if any(f in line for f in OPEN_MPI_FAULTS)]
+        if result.returncode == 0 or not fault:
+            break
+        print(f"RETRY: the launch failed inside Open MPI: {fault[:2]}")
         result = _launch(np_, kills, *extra, **kwargs)
     return result
 
@@ -193,7 +200,9 @@ def test_a_parent_killed_in_mpi_comm_spawn_is_a_death_and_the_world_still_grows_
     # -np 3 --max-np 3: rank 2 dies at step 1; at the commit of step 3 the parents spawn, and rank 1
     # dies 0.2 s into MPI_Comm_spawn. Rank 0 shrinks to 1 and grows back to 3 at the next commit;
     # the process started by the broken spawn (stuck in MPI_Init) ends at the step bound.
-    result = launch_job(3, "2@1:compute,1@3:spawn", "--max-np", "3", retry_if_stuck=True,
+    # Killing a process inside MPI_Comm_spawn is the case Open MPI itself survives least (2 of its
+    # faults in 7 suite runs on 2026-12-07, none of ours): two retries on those faults alone
+    result = launch_job(3, "2@1:compute,1@3:spawn", "--max-np", "3", retry_if_stuck=True, retries=2,
                         env={"ELASTIC_STEPS": "9", "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "8"})
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-5000:]

@@ -6,10 +6,10 @@ shrink, a regrow (tests/test_sharding.py).
     SHARD_KILL=2@5 allreduce-run --elastic -np 3 --max-np 3 python tests/mpi/sharding_elastic.py
 
 Two copies of one model train on the same batches, under one commit: ``model`` with
-``ShardedOptimizer(Adam)`` (stage 2) and ``model3``, wrapped by ``tfops.fully_shard``, with
-``ShardedOptimizer(Adam, stage=3)`` (each rank holds 1/p of every weight and slot), each in its
-``TensorFlowKerasState`` (``Both`` commits, restores and syncs the two together). The loop is a
-custom one (stage 2 eagerly, stage 3 in a ``tf.function`` made again in a reset callback), or
+``ShardedOptimizer(AdamW)`` (stage 2; the biases excluded from weight decay by variable) and
+``model3``, wrapped by ``tfops.fully_shard``, with ``ShardedOptimizer(AdamW, stage=3)`` (excluded
+by name; each rank holds 1/p of every weight and slot), each in its ``TensorFlowKerasState``
+(``Both`` commits, restores and syncs the two together). The loop is a custom one (stage 2 eagerly, stage 3 in a ``tf.function`` made again in a reset callback), or
 ``SHARD_FIT=1``: ``model.fit`` with ``CommitStateCallback``, ``model3.train_on_batch`` in a callback.
 A commit every 2 steps. World rank 2 SIGKILLs itself before step 5. The survivors restore the
 last commit; on reset (the world is now 2) they check:
@@ -99,11 +99,18 @@ def main() -> None:
     me = world.name()
     keras.utils.set_random_seed(me)               # different starting weights per rank: sync must fix that
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), keras.layers.Dense(1)])
-    opt = hvd.ShardedOptimizer(keras.optimizers.Adam(0.05))
+    # AdamW, the biases excluded from its decay: by variable for stage 2 (the wrapper keeps the model
+    # keys and maps them onto each new layout's segments), by name for stage 3 (its re-cut maps the
+    # pieces' keys); a re-shard that dropped either exclusion decays those biases and the twins part
+    inner = keras.optimizers.AdamW(0.05, weight_decay=0.2)
+    inner.exclude_from_weight_decay(var_list=[layer.bias for layer in model.layers])
+    opt = hvd.ShardedOptimizer(inner)
     model3 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), keras.layers.Dense(1)])
     model3.set_weights(model.get_weights())       # the twin: rank 0's weights reach both (broadcast, sync)
     fully_shard(model3)
-    opt3 = hvd.ShardedOptimizer(keras.optimizers.Adam(0.05), stage=3)
+    inner3 = keras.optimizers.AdamW(0.05, weight_decay=0.2)
+    inner3.exclude_from_weight_decay(var_names=["bias"])
+    opt3 = hvd.ShardedOptimizer(inner3, stage=3)
     stray = fully_shard(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))   # in no state
     state = Both(model, opt, hvd.elastic.TensorFlowKerasState(model3, opt3), step=0)
     state3 = state.other
