@@ -80,6 +80,16 @@ def parse_config(text: str) -> tuple[int, int, int]:
     return t, p, z
 
 
+def _median_seconds(fn, runs: int, per: int = 1) -> float:
+    """The median over ``runs`` calls of ``fn``'s wall seconds, divided by ``per`` (calls inside ``fn``)."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) / per)
+    return statistics.median(times)
+
+
 def _matmul_rate(tf, tfops, hidden: int) -> float:
     """Flops a second of this rank, every rank multiplying at once (they share the cores, as in training):
     the median of 5 float32 matmuls of (8 hidden) x hidden x 4 hidden."""
@@ -87,12 +97,7 @@ def _matmul_rate(tf, tfops, hidden: int) -> float:
     mm = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
     float(mm())
     tfops.allreduce(tf.zeros([1]), name="plan_bench.rate")
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        float(mm())
-        times.append(time.perf_counter() - start)
-    return 2.0 * 8 * hidden * hidden * 4 * hidden / statistics.median(times)
+    return 2.0 * 8 * hidden * hidden * 4 * hidden / _median_seconds(lambda: float(mm()), 5)
 
 
 def _link(tf, op_of, p: int) -> tuple[float, float]:
@@ -106,12 +111,7 @@ def _link(tf, op_of, p: int) -> tuple[float, float]:
         x = tf.zeros([n])
         op = tf.function(lambda x=x: op_of(x))
         op()
-        runs = []
-        for _ in range(5):
-            start = time.perf_counter()
-            op().numpy()
-            runs.append(time.perf_counter() - start)
-        times[n] = statistics.median(runs)
+        times[n] = _median_seconds(lambda: op().numpy(), 5)
     alpha = times[1] / (2 * (p - 1))                                   # ring: 2(p-1) messages
     beta = max(0.0, times[1 << 20] - times[1]) / (2 * (p - 1) / p * 4 * (1 << 20))
     return alpha, beta
@@ -138,12 +138,7 @@ def _in_step(tf, op_of, p: int, elements: int) -> tuple[float, float]:
                     x = op_of(x)
                 return x
             chain()
-            runs = []
-            for _ in range(7):
-                start = time.perf_counter()
-                chain().numpy()
-                runs.append(time.perf_counter() - start)
-            took[k] = statistics.median(runs)
+            took[k] = _median_seconds(lambda: chain().numpy(), 7)
         per[n] = max(0.0, took[IN_STEP[1]] - took[IN_STEP[0]]) / (IN_STEP[1] - IN_STEP[0])
     alpha = per[1] / (2 * (p - 1))
     beta = max(0.0, per[elements] - per[1]) / (2 * (p - 1) / p * 4 * elements)
@@ -186,12 +181,7 @@ def _host_costs(tf, keras) -> dict:
     exits(one), handoffs(one)
 
     def per(fn, n: int) -> float:
-        runs = []
-        for _ in range(5):
-            start = time.perf_counter()
-            fn()
-            runs.append((time.perf_counter() - start) / n)
-        return statistics.median(runs)
+        return _median_seconds(fn, 5, n)
     call = per(lambda: [add(one) for _ in range(20)], 20)
     exit_s = per(lambda: exits(one), CHAIN)
     handoff = per(lambda: handoffs(one), CHAIN)
