@@ -20,12 +20,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from benchmarks import elastic_chaos
-from tests.harness import MPI_SCRIPTS, kill_tagged, mpi_env
+from tests.harness import kill_tagged, mpi_env
+from tests.test_elastic import _launch as elastic_launch
 
 BOUND = 4.0             # seconds without a heartbeat before an eviction (short: the suite waits it out)
 SLACK = 5.0             # the issue's goal: hang -> first step after the eviction <= BOUND + 5 s
@@ -33,22 +33,10 @@ TIMEOUT = 240.0         # under pytest-timeout's 300 s, so the launch is killed 
 
 
 def _launch(np_: int, env: dict, *, max_np: int | None = None) -> subprocess.CompletedProcess:
-    full = mpi_env()
-    full.update({"ALLREDUCE_ELASTIC_HANG_TIMEOUT": f"{BOUND:g}", "ALLREDUCE_ELASTIC_RECOVERY_TIMEOUT": "30", **env})
+    """test_elastic's launch (a timeout fails the test, naming the command) with the hang bound set."""
     grow = ["--max-np", str(np_ if max_np is None else max_np)] if max_np != 0 else []
-    cmd = [sys.executable, "-m", "allreduce.run", "--elastic", "-np", str(np_), *grow,
-           sys.executable, str(MPI_SCRIPTS / "elastic_train.py")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        kill_tagged(full["ALLREDUCE_TEST_TAG"])
-        out, err = proc.communicate()
-        pytest.fail(f"TIMEOUT after {TIMEOUT:g} s: {' '.join(cmd)} ({env})\n--- stdout ---\n{out[-3000:]}\n"
-                    f"--- stderr ---\n{err[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return elastic_launch(np_, env.get("ELASTIC_KILLS", ""), *grow, timeout=TIMEOUT,
+                          env={"ALLREDUCE_ELASTIC_HANG_TIMEOUT": f"{BOUND:g}", **env})
 
 
 def _summary(stderr: str) -> str:
