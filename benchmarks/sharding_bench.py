@@ -35,7 +35,10 @@ user     issue 44's user measurement, reproduced: ``ru_maxrss`` after 5 Adam ste
          ``tf.function`` less ``ru_maxrss`` once the model is built ("peak above the model"), glibc's
          default allocator, a 16.8 M-parameter MLP (4096 x 4096 plus a 10-wide head), batch 32, at
          -np 2 and 4, plain (``DistributedOptimizer``), stage 1 and stage 2. ``--label`` names the
-         code measured (``before`` / ``after`` a change); each label keeps its own rows.
+         code measured (``before`` / ``after`` a change); each label keeps its own rows. ``now``:
+         both allocators (:data:`ALLOCATORS`), ``--runs`` launches per row (default 3); under TF's
+         pool each rank also records whether TF copied its batch array into the pool
+         (``batch_in_pool``) and the pool's live peak over the steps (``pool_peak_mib``).
 cluster  ``time`` on two namespace hosts joined by a 1 Gbit/s link, one rank each
          (``allreduce-cluster --prefix arsh up --nodes 2 --link 1gbit --slots 1``, always taken
          down); both optimizers move the same bytes, so the ratio is what sharding's own work costs.
@@ -82,6 +85,16 @@ def _watch_budget(mib: float) -> None:
     threading.Thread(target=poll, daemon=True).start()
 
 
+def _pool_bytes(what: str = "current") -> int | None:
+    """Bytes of TensorFlow's CPU pool (the BFC allocator oneDNN's build uses) now in use, or at
+    most since the last reset (``what="peak"``); None where TF's tensors come from malloc."""
+    import tensorflow as tf
+    try:
+        return tf.config.experimental.get_memory_info("CPU:0")[what]
+    except ValueError:                                # "Allocator stats not available": no pool
+        return None
+
+
 def worker(args) -> None:
     import numpy as np
     import tensorflow as tf
@@ -96,12 +109,17 @@ def worker(args) -> None:
     model = keras.Sequential([keras.Input((widths[0],))] + [keras.layers.Dense(w) for w in widths[1:]])
     n = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     rss_model = _rss_mib()
+    if _pool_bytes() is not None:                     # the pool's peak from here on: the steps' own
+        tf.config.experimental.reset_memory_stats("CPU:0")
 
     def make(mode):
         inner = keras.optimizers.Adam(1e-4)
         return tfops.DistributedOptimizer(inner) if mode == "unsharded" else tfops.ShardedOptimizer(inner, stage=int(mode[-1]))
     rng = np.random.default_rng(tfops.rank())
-    x = tf.constant(rng.standard_normal((args.batch, widths[0])).astype("f4"))
+    pool_before = _pool_bytes()
+    batch = rng.standard_normal((args.batch, widths[0])).astype("f4")
+    x = tf.constant(batch)          # TF wraps the array or copies it into its pool, as its address allows
+    batch_in_pool = None if pool_before is None else _pool_bytes() - pool_before >= batch.nbytes
     y = tf.constant(rng.standard_normal((args.batch, widths[-1])).astype("f4"))
 
     def stepper(opt):
@@ -127,6 +145,9 @@ def worker(args) -> None:
         for _ in range(args.steps):
             step()
         out.update(rss_import_mib=rss_import, rss_model_mib=rss_model, peak_mib=_rss_mib())
+        if pool_before is not None:
+            out.update(batch_in_pool=batch_in_pool, pool_peak_mib=_pool_bytes("peak") / 2**20,
+                       pool_model_mib=pool_before / 2**20)
         if args.budget_mib:
             out["budget_mib"] = args.budget_mib
             out["fits"] = out["peak_mib"] <= args.budget_mib
@@ -190,18 +211,19 @@ def part_memory(steps: int) -> list[dict]:
 
 #: where TensorFlow's own tensors live. "tf": TensorFlow as it comes (oneDNN on, the default on x86
 #: Linux): its CPU allocator is a BFC pool ("mklcpu") that keeps every region it ever reserved, so
-#: the RSS is the pool's high-water mark, and which frees land in time decides it (a thread's
-#: timing); "glibc": TF_ENABLE_ONEDNN_OPTS=0, TensorFlow's tensors from glibc's malloc as it comes.
+#: the RSS counts every page it ever handed out, and where it placed the tensors decides that
+#: (benchmarks/pool_trace.py); "glibc": TF_ENABLE_ONEDNN_OPTS=0, TensorFlow's tensors from glibc's
+#: malloc as it comes.
 ALLOCATORS = {"tf": {}, "glibc": {"TF_ENABLE_ONEDNN_OPTS": "0"}}
 USER_RUNS = 3
 
 
-def part_user(label: str) -> list[dict]:
+def part_user(label: str, runs: int = USER_RUNS) -> list[dict]:
     rows = []
     for allocator in (ALLOCATORS if label == "now" else ["tf"]):
         for np_ in (2, 4):
             for mode in ("unsharded", "stage1", "stage2"):
-                for run in range(USER_RUNS if label == "now" else 1):
+                for run in range(runs if label == "now" else 1):
                     got = launch(np_, "memory", "--mode", mode, "--model", "user", "--steps", "5", "--batch", "32",
                                  env=ALLOCATORS[allocator])
                     rows += [dict(r, label=label, allocator=allocator, run=run) for r in got]
@@ -246,11 +268,12 @@ def _render_user_now(saved: dict) -> list[str]:
         return []
     formula = {"unsharded": lambda p: 12, "stage1": lambda p: 4 + 12 / p, "stage2": lambda p: 16 / p}
     goal = {"stage1": 1.0, "stage2": 0.75}
-    lines = [f"The same measure on the current code (`--label now`), each row launched {USER_RUNS} times, for both "
+    n_runs = len({r["run"] for r in rows})
+    lines = [f"The same measure on the current code (`--label now`), each row launched {n_runs} times, for both "
              "places TensorFlow's own tensors can live. `tf`: TensorFlow as it comes; with oneDNN on (the default on "
-             "x86 Linux) its CPU allocator is a BFC pool (`mklcpu`) that never gives a region back, so RSS is the "
-             "pool's high-water mark and the order in which frees land (a thread's timing) moves it by a whole "
-             "piece. `glibc`: `TF_ENABLE_ONEDNN_OPTS=0`, TensorFlow's tensors from glibc's malloc as it comes (no "
+             "x86 Linux) its CPU allocator is a BFC pool (`mklcpu`) that never gives a region back, so RSS counts "
+             "every page the pool ever handed out, and where it placed each tensor decides how many those are "
+             "(below). `glibc`: `TF_ENABLE_ONEDNN_OPTS=0`, TensorFlow's tensors from glibc's malloc as it comes (no "
              "`MALLOC_*` setting). `worst`: max over ranks and runs (the goal is read on it); `runs`: each run's max "
              "over ranks.", "",
              "| allocator | np | optimizer | worst MiB | runs MiB | formula MiB | worst vs plain's worst | goal |",
@@ -270,7 +293,50 @@ def _render_user_now(saved: dict) -> list[str]:
                 verdict = (("met" if worst / plain <= goal[mode] else "NOT met") if mode in goal and np_ == 2 else "")
                 lines.append(f"| {allocator} | {np_} | {mode} | {worst:.0f} | {', '.join(f'{x:.0f}' for x in runs)} | "
                              f"{want:.0f} | {worst / plain:.2f}x | {verdict} |")
-    return lines + [""]
+    return lines + [""] + _render_pool(rows) + _render_trace(saved.get("pool_trace"))
+
+
+def _render_trace(trace: dict | None) -> list[str]:
+    """benchmarks/pool_trace.py's lines, as it saved them (``--save``)."""
+    if not trace:
+        return []
+    return [f"Where the pool put them, rank by rank (`{trace['command']}`, listed above; the pool's own log, "
+            "`TF_CPP_VMODULE=bfc_allocator=3,executor=1`: the regions it reserved, the MiB it ever handed out, and "
+            "each block of 1 MiB or more that brought pages never handed out before, with the op that asked, "
+            "`eager` outside a step's ops):", "", "```", *trace["lines"], "```", ""]
+
+
+def _live(row: dict) -> float:
+    return row["pool_peak_mib"]
+
+
+def _render_pool(rows: list[dict]) -> list[str]:
+    """Under TF's pool, -np 2: how many launches of each stage met its goal, and what set the
+    peak: whether TF copied the batch array into its pool (``batch_in_pool``) before the first
+    step, against the pool's live peak over the steps (``pool_peak_mib``, TF's own count)."""
+    tf_rows = [r for r in rows if r.get("allocator") == "tf" and r["np"] == 2 and "batch_in_pool" in r]
+    plain = [r["peak_mib"] - r["rss_model_mib"] for r in tf_rows if r["mode"] == "unsharded"]
+    if not plain:
+        return []
+    lines = []
+    for mode, goal in (("stage1", 1.0), ("stage2", 0.75)):
+        mine = [r for r in tf_rows if r["mode"] == mode]
+        launches = [[r for r in mine if r["run"] == k] for k in sorted({r["run"] for r in mine})]
+        met = sum(max(r["peak_mib"] - r["rss_model_mib"] for r in ranks) <= goal * max(plain) for ranks in launches)
+
+        def spread(rs, key=lambda r: r["peak_mib"] - r["rss_model_mib"]):
+            return f"{min(map(key, rs)):.0f}-{max(map(key, rs)):.0f} MiB" if rs else "none"
+        copied = [r for r in mine if r["batch_in_pool"]]
+        wrapped = [r for r in mine if not r["batch_in_pool"]]
+        lines.append(f"- `tf`, -np 2, {mode}: **{met} of {len(launches)}** launches within {goal:.2f}x of plain's worst "
+                     f"({max(plain):.0f} MiB). Per rank: batch array copied into TF's pool {len(copied)} times, "
+                     f"{spread(copied)} above the model (the pool's live peak {spread(copied, _live)}); wrapped "
+                     f"without a copy {len(wrapped)} times, {spread(wrapped)} (live peak {spread(wrapped, _live)}).")
+    lo, hi = (f(r["pool_peak_mib"] for r in tf_rows if r["mode"] == "unsharded") for f in (min, max))
+    return ["Under TensorFlow's pool (`tf`), what decides a rank's peak (fields `batch_in_pool` and `pool_peak_mib` "
+            "of benchmarks/results/sharding.json; the live peak counts the pool's bytes in use over the optimizer's "
+            f"build and the steps, the model's weights included; plain's: {lo:.0f}"
+            + (f"-{hi:.0f}" if round(hi) != round(lo) else "") + " MiB):", ""] + lines + [""]
 
 
 def part_budget(budget: float, steps: int) -> list[dict]:
@@ -415,6 +481,7 @@ def main(argv=None) -> int:
     parser.add_argument("--part", action="append", choices=["state", "memory", "budget", "time", "cluster", "user"])
     parser.add_argument("--label", default="after", choices=["before", "after", "now"],
                         help="user part: the code measured (now: both allocators, 3 runs each)")
+    parser.add_argument("--runs", type=int, default=USER_RUNS, help="user part, --label now: launches per row")
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per memory run")
     parser.add_argument("--budget-mib", type=float, default=0.0, help="per-rank RSS budget (budget part: 2000)")
     parser.add_argument("--write", action="store_true", help="render the saved results into BENCHMARKS.md")
@@ -427,13 +494,14 @@ def main(argv=None) -> int:
     for part in args.part or []:
         load = os.getloadavg()
         started = time.strftime("%H:%M UTC", time.gmtime())
-        rows = {"state": part_state, "time": part_time, "cluster": part_cluster, "user": lambda: part_user(args.label),
+        rows = {"state": part_state, "time": part_time, "cluster": part_cluster, "user": lambda: part_user(args.label, args.runs),
                 "memory": lambda: part_memory(args.steps),
                 "budget": lambda: part_budget(args.budget_mib or 2000.0, args.steps)}[part]()
         key = f"user_{args.label}" if part == "user" else part
         saved[key] = {"rows": rows, **({"steps": args.steps} if part == "memory" else {}), "command": f"python benchmarks/sharding_bench.py --part {part}"
                        + (f" --budget-mib {args.budget_mib:g}" if part == "budget" and args.budget_mib else "")
-                       + (f" --label {args.label}" if part == "user" else ""),
+                       + (f" --label {args.label}" if part == "user" else "")
+                       + (f" --runs {args.runs}" if part == "user" and args.runs != USER_RUNS else ""),
                        "when": started, "load": f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end",
                        "note": f"; {args.note}" if args.note else ""}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
