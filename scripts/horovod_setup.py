@@ -122,7 +122,10 @@ KERAS3_SPELLINGS = [
 
 # Horovod's own pure-Python helpers that its test utilities import (test/utils/common.py: in_thread),
 # taken from the same tag and put into the alias package as they are.
-_RUNNER_FILES = ("horovod/runner/util/threads.py",)
+# test_tensorflow_process_sets.py reads the world size as Horovod's launcher does (runner/common/util/env.py:
+# get_env_rank_and_size, which imports secret.py).
+_RUNNER_FILES = ("horovod/runner/util/threads.py", "horovod/runner/common/util/env.py",
+                 "horovod/runner/common/util/secret.py")
 
 
 def extract(git_dir: Path, tag: str) -> Path:
@@ -152,8 +155,9 @@ def make_alias_dir(test_file: Path, keras3: bool, source: Path) -> tuple[Path, P
         if found:
             target = work / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            for package in (target.parent, target.parent.parent):
-                (package / "__init__.py").touch()
+            for package in target.relative_to(work).parents:     # every package down to it, horovod/ excepted
+                if package != Path(".") and package != Path("horovod"):
+                    (work / package / "__init__.py").touch()
             shutil.copy(found[0], target)
     tests = work / "parallel"
     tests.mkdir()

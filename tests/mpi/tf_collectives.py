@@ -263,6 +263,18 @@ try:
     np.testing.assert_allclose(gs[1].numpy(), np.full(4, 3.0 * len(members)))
 finally:
     comm.allreduce = inner_allreduce
+# the object collectives on a set (Horovod 0.28's process_set=): root_rank is a world rank in the set
+assert tfops.allgather_object({"r": me}, process_set=mine) == [{"r": r} for r in members]
+assert tfops.broadcast_object(me * 10 + 1, root_rank=members[-1], process_set=mine) == members[-1] * 10 + 1
+assert tfops.broadcast_object_fn(root_rank=members[0], process_set=mine)(("x", me)) == ("x", members[0])
+# DistributedGradientTape(process_set=): the members average; a rank outside keeps its own (Horovod's rule)
+x = tf.constant(float(me))
+with tf.GradientTape() as g:
+    g.watch(x)
+    y = x * x
+got = float(tfops.DistributedGradientTape(g, process_set=evens).gradient(y, [x])[0])
+want = 2.0 * sum(evens.ranks) / evens.size() if me % 2 == 0 else 2.0 * me
+assert abs(got - want) < 1e-6, (me, got, want)
 other = odds if me % 2 == 0 else evens
 if other.size():                                   # a rank outside a set gets an error at once, alone
     for call in (lambda: tfops.allreduce(tf.ones(2), process_set=other),

@@ -268,6 +268,20 @@ def broadcast_in_set(tensor, root_rank, process_set=None, **_ignored):
     return forward(x)
 
 
+def broadcast_object_in_set(obj=None, root_rank: int = 0, name=None, process_set=None):
+    """``broadcast_object`` on a process set (Horovod 0.28's ``process_set=``): ``root_rank`` is a
+    world rank inside the set, and its ``obj`` reaches the set's other members; eager only."""
+    comm = communicator_of(process_set)
+    if root_rank not in process_set.ranks:
+        raise ar.InvalidArgumentError(f"broadcast_object: root_rank {root_rank} is not in {process_set}")
+    return comm.broadcast_object(obj, process_set.ranks.index(root_rank))
+
+
+def allgather_object_in_set(obj, name=None, process_set=None) -> list:
+    """``allgather_object`` on a process set: the members' objects, in the order of the set's ranks."""
+    return communicator_of(process_set).allgather_object(obj)
+
+
 # --------------------------------------------------------------------------- process_set= on world ops
 def with_process_set(world_op, set_op):
     """``world_op`` with a keyword ``process_set=global_process_set``: the global set runs

@@ -154,6 +154,9 @@ def _reduce_group(grads: list, names: list[str], settings: GradientSettings) -> 
     if settings.process_set is not None:
         from ..collectives.process_sets import grouped_allreduce_in_set, is_global
         if not is_global(settings.process_set):
+            if settings.process_set.included() is False:
+                # Horovod's rule (its _allreduce_cond): a rank outside the set keeps its own gradients
+                return list(grads)
             pre, post = (1.0 / f, f) if op == Average else (1.0, 1.0)
             dense = [tf.convert_to_tensor(g) if settings.sparse_as_dense and isinstance(g, tf.IndexedSlices)
                      else g for g in grads]

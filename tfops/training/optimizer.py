@@ -216,7 +216,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
         num_groups, groups: split the gradients into this many groups (or these lists of
             variables), each reduced as one grouped allreduce.
-        process_set: reduce over this :class:`tfops.ProcessSet` only (default: all ranks).
+        process_set: reduce over this :class:`tfops.ProcessSet` only (default: all ranks); a rank
+            outside the set keeps its own gradients, as in Horovod.
         scale_local_gradients: divide registered local variables' gradients by ``size()``.
         hooks: a :class:`tfops.GradientHooks` on the model (not in Horovod): every forward pass is
             hooked and each gradient's allreduce starts during backprop; ``apply`` waits for them.

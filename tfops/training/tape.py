@@ -51,7 +51,8 @@ class DistributedGradientTape:
         op: ``Average`` (default), ``Sum`` or ``Adasum``.
         gradient_predivide_factor: with ``Average``: ``1/f`` before the sum, ``f/size`` after.
         num_groups, groups: reduce in this many groups (or these lists of variables).
-        process_set: reduce over this :class:`tfops.ProcessSet` only (default: all ranks).
+        process_set: reduce over this :class:`tfops.ProcessSet` only (default: all ranks); a rank
+            outside the set keeps its own gradients, as in Horovod.
         scale_local_gradients: divide local sources' gradients by ``size()`` (Horovod's default).
         comm_hook: not in Horovod: a communication hook, ``tfops.PowerSGD(rank=2)`` or
             ``tfops.OneBit()``, that reduces the dense gradients (each bucket) in place of the plain
