@@ -26,6 +26,14 @@ def test_64mib_every_algorithm():
     assert "OK" in out
 
 
+@pytest.mark.mpi
+def test_small_integer_sums_wrap_as_in_c_by_every_algorithm():
+    # Open MPI's vectorised sum saturates int8/uint8/int16/uint16 where they overflow; the mpi
+    # algorithm reduces those with our kernel (allreduce/algorithms/native.py)
+    out = mpirun(3, "native_wrap_check.py", timeout=120).stdout
+    assert all(f"rank {r}: native_wrap_check OK" in out for r in range(3)), out[-2000:]
+
+
 def test_call_before_init_is_a_type_error():
     import numpy as np
     import allreduce as ar

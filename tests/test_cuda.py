@@ -98,6 +98,7 @@ def test_direct_mpi_only_for_cuda_aware_mpi_and_dtypes_mpi_reduces():
     assert not device.direct_mpi(aware, mpi, np.dtype(np.float16), "auto")
     assert not device.direct_mpi(aware, mpi, bfloat16, "mpi")
     assert not device.direct_mpi(aware, mpi, np.dtype(np.int8), "mpi")         # Open MPI saturates int8
+    assert not device.direct_mpi(aware, mpi, np.dtype(np.uint8), "mpi")        # and uint8, int16, uint16
 
 
 # -- the CuPy fallback's CUDA C, compiled as host C: its arithmetic is plain C99 -------------

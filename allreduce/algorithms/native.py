@@ -8,7 +8,11 @@ MPI has no float16 or bfloat16 type, so those travel as 2-byte integers
 kernel. int8 takes the same route: Open MPI 5.0's vectorised int8 sum
 saturates in its SIMD body but wraps in its scalar tail (3 ranks x 50 gave
 127 for the first elements of a 1000-element vector and -106 for the last),
-so the same call could return two different answers for one input.
+so the same call could return two different answers for one input. uint8, int16 and uint16 likewise:
+their sums saturate there (uint8 229 + 229 gave 255 for the first elements of a 17-element vector
+at -np 2, where C, numpy and every algorithm of ours wrap to 202; found by Horovod's process-set
+test at -np 3; int16 and uint16 near their maximum saturated at 17, 1000 and 5000 elements, -np 2
+and 3), so all four take the user op. Wider integers wrap in Open MPI as in C (same check).
 Average is MPI's sum followed by ``kernels.finish``. bool travels as
 ``MPI.C_BOOL`` with the logical ops (Sum and Max ``MPI_LOR``, Min and
 Product ``MPI_LAND``): MPI defines no arithmetic on its logical type.
@@ -50,7 +54,8 @@ ELASTIC_PIECE_BYTES = 60 << 10   #: --elastic: the most bytes one MPI_Allreduce 
 # dtype -> (the MPI datatype its bytes travel as, the numpy view matching it). Keyed by the dtype
 # object: ``dtype.name`` is computed in Python and costs ~5 us, more than MPI_Allreduce of 8 bytes.
 _USER_OP_DTYPES = {np.dtype(np.float16): (MPI.UINT16_T, np.uint16), bfloat16: (MPI.UINT16_T, np.uint16),
-                   np.dtype(np.int8): (MPI.INT8_T, np.int8)}
+                   np.dtype(np.int8): (MPI.INT8_T, np.int8), np.dtype(np.uint8): (MPI.UINT8_T, np.uint8),
+                   np.dtype(np.int16): (MPI.INT16_T, np.int16), np.dtype(np.uint16): (MPI.UINT16_T, np.uint16)}
 
 
 def _user_op(dtype: np.dtype, op: Op) -> MPI.Op:

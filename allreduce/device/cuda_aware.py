@@ -62,7 +62,7 @@ def cuda_aware_mpi(setting: str = "auto") -> bool:
     return False
 
 
-_MPI_REDUCES = ("float32", "float64", "int32", "int64", "uint8")   # not fp16/bf16; int8: Open MPI saturates
+_MPI_REDUCES = ("float32", "float64", "int32", "int64")   # not fp16/bf16; 8- and 16-bit: Open MPI saturates
 
 
 def direct_mpi(config, transport: Transport, dtype: np.dtype, algorithm: str) -> bool:
