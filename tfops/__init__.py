@@ -101,6 +101,7 @@ grouped_allreduce = with_process_set(grouped_allreduce, _sets.grouped_allreduce_
 allgather = with_process_set(allgather, _sets.allgather_in_set)
 broadcast = with_process_set(broadcast, _sets.broadcast_in_set)
 broadcast_object = with_process_set(broadcast_object, _sets.broadcast_object_in_set)
+broadcast_object_fn = with_process_set(broadcast_object_fn, _sets.broadcast_object_fn_in_set)
 allgather_object = with_process_set(allgather_object, _sets.allgather_object_in_set)
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",

@@ -205,18 +205,13 @@ def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
     return in_step(ar.broadcast_object)(obj, root_rank=root_rank)
 
 
-def broadcast_object_fn(root_rank: int = 0, session=None, name: str | None = None, process_set=None):
-    """``hvd.broadcast_object_fn``: a function ``f(obj)`` that returns root's ``obj`` on every rank
-    (of ``process_set``, where given: ``root_rank`` is then a world rank inside it).
+def broadcast_object_fn(root_rank: int = 0, session=None, name: str | None = None):
+    """``hvd.broadcast_object_fn``: a function ``f(obj)`` that returns root's ``obj`` on every rank.
 
     ``session`` (TF1) is accepted and not used: the broadcast runs eagerly.
     """
-    from .process_sets import broadcast_object_in_set, is_global
-
     def broadcast_fn(obj=None):
-        if process_set is None or is_global(process_set):
-            return broadcast_object(obj, root_rank=root_rank, name=name)
-        return broadcast_object_in_set(obj, root_rank, name, process_set=process_set)
+        return broadcast_object(obj, root_rank=root_rank, name=name)
     return broadcast_fn
 
 

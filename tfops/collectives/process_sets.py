@@ -277,6 +277,13 @@ def broadcast_object_in_set(obj=None, root_rank: int = 0, name=None, process_set
     return comm.broadcast_object(obj, process_set.ranks.index(root_rank))
 
 
+def broadcast_object_fn_in_set(root_rank: int = 0, session=None, name=None, process_set=None):
+    """``broadcast_object_fn`` on a process set: ``f(obj)`` broadcasts from ``root_rank`` (a world rank in it)."""
+    def broadcast_fn(obj=None):
+        return broadcast_object_in_set(obj, root_rank, name, process_set=process_set)
+    return broadcast_fn
+
+
 def allgather_object_in_set(obj, name=None, process_set=None) -> list:
     """``allgather_object`` on a process set: the members' objects, in the order of the set's ranks."""
     return communicator_of(process_set).allgather_object(obj)
